@@ -1,0 +1,71 @@
+# streamalloc — one entry point for people and CI. `make help` lists the targets.
+SHELL := /bin/bash
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE ?= cmake
+PYTHON ?= python3
+# Set STREAMALLOC_NO_TORCH=1 to skip installing/building the PyTorch plugin.
+STREAMALLOC_NO_TORCH ?=
+
+TORCH_PREFIX = $(shell $(PYTHON) -c 'import torch;print(torch.utils.cmake_prefix_path)' 2>/dev/null)
+CMAKE_ARGS ?=
+CONFIGURE = $(CMAKE) -S . -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo $(if $(TORCH_PREFIX),-DCMAKE_PREFIX_PATH=$(TORCH_PREFIX)) $(CMAKE_ARGS)
+PYTEST = STREAMALLOC_LIBRARY_DIR=$(abspath $(BUILD))/lib PYTHONPATH=$(abspath torch_plugin) $(PYTHON) -m pytest -q tests/python
+
+.PHONY: help deps build test demo gpu-test bench test-asan test-tsan fuzz clean
+
+help:
+	@echo "make demo      set up, build, run the allocation benchmark and the multi-stream pipeline report"
+	@echo "make test      set up, build, run the whole test suite (GPU/torch tests skip without a GPU)"
+	@echo "make gpu-test  on a GPU machine: build everything and run every test, GPU and PyTorch included"
+	@echo "make bench     full benchmark run; writes docs/benchmarks.md and plots"
+	@echo "make test-asan / test-tsan   the CPU suite under ASan+UBSan / TSan"
+	@echo "make fuzz      open-ended libFuzzer run (clang)"
+
+deps:
+	@.ci/setup-deps $(if $(STREAMALLOC_NO_TORCH),,--torch)
+
+build: deps
+	@$(CONFIGURE) -B $(BUILD) >/dev/null
+	@$(CMAKE) --build $(BUILD) -j $(JOBS)
+
+test: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 600
+	$(PYTEST) || [ $$? -eq 5 ]
+
+demo: build
+	@$(BUILD)/bench/streamalloc_demo
+
+gpu-test:
+	@.ci/setup-deps --torch || echo "gpu-test: could not install missing packages (offline?); building with what is here"
+	@$(CONFIGURE) -B $(BUILD) -DSTREAMALLOC_CUDA=ON >/dev/null
+	@$(CMAKE) --build $(BUILD) -j $(JOBS)
+	@nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+	ctest --test-dir $(BUILD) --output-on-failure -j 1 --timeout 900
+	$(PYTEST) -rs
+	@echo "gpu-test: GPU tests run (not skipped):"; \
+	  ctest --test-dir $(BUILD) -L gpu -N | tail -1
+
+gpu-sanitize: build
+	compute-sanitizer --tool memcheck --error-exitcode 1 $(BUILD)/tests/streamalloc_gpu_tests
+
+bench: build
+	@$(BUILD)/bench/streamalloc_bench --benchmark_out=$(BUILD)/bench.json --benchmark_out_format=json
+	@$(PYTHON) bench/report.py $(BUILD)/bench.json docs/benchmarks.md
+
+test-asan:
+	@STREAMALLOC_NO_TORCH=1 .ci/setup-deps
+	@$(CMAKE) -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSTREAMALLOC_SANITIZE="address;undefined" \
+	  -DSTREAMALLOC_CUDA=OFF -DSTREAMALLOC_TORCH=OFF -DSTREAMALLOC_BUILD_BENCH=OFF >/dev/null
+	@$(CMAKE) --build build-asan -j $(JOBS) --target streamalloc_tests
+	ctest --test-dir build-asan --output-on-failure -j $(JOBS) -L cpu
+
+test-tsan:
+	@STREAMALLOC_NO_TORCH=1 .ci/setup-deps
+	@$(CMAKE) -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTREAMALLOC_SANITIZE=thread \
+	  -DSTREAMALLOC_CUDA=OFF -DSTREAMALLOC_TORCH=OFF -DSTREAMALLOC_BUILD_BENCH=OFF >/dev/null
+	@$(CMAKE) --build build-tsan -j $(JOBS) --target streamalloc_tests
+	ctest --test-dir build-tsan --output-on-failure -j $(JOBS) -L cpu
+
+clean:
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz

@@ -1,0 +1,136 @@
+// Allocator: streamalloc's C++ entry point. One DeviceCache per device, each behind its own mutex, so
+// calls are thread-safe and devices do not contend with each other.
+//
+// Stream semantics (docs/design.md has the full story):
+//  - allocate(size, device, stream) returns memory safe for work enqueued on `stream` from now on.
+//  - record_stream(ptr, s) adds s to the streams the block is used on; it records nothing yet.
+//  - deallocate(ptr): with no other streams recorded the block is reusable on its allocation stream at
+//    once; otherwise it is *pending* until a fence (an event recorded after the free) has completed on
+//    every recorded stream. Fences are batched: one event per stream covers many frees.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "streamalloc/backend.hpp"
+#include "streamalloc/options.hpp"
+#include "streamalloc/stats.hpp"
+#include "streamalloc/types.hpp"
+
+namespace streamalloc {
+
+class DeviceCache;
+
+// One block as reported by blocks() and snapshots.
+struct BlockInfo {
+  enum class State { kAllocated, kPendingFree, kFree };
+  std::uintptr_t address = 0;
+  std::uintptr_t segment_address = 0;
+  std::size_t size = 0;            // bytes the block occupies
+  std::size_t requested_size = 0;  // bytes the caller asked for (0 when free)
+  State state = State::kFree;
+  bool settled = false;            // free and safe for any stream
+  Stream allocation_stream = 0;    // stream of the last allocation (owner stream when free)
+  std::vector<Stream> recorded_streams;  // other streams recorded on it
+  std::uint32_t record_stream_calls = 0;
+  std::uint32_t pending_fences = 0;      // fences still to complete before reuse
+  double age_ms = 0;                     // since allocated (live) or freed (pending/free)
+};
+
+struct SegmentInfo {
+  int device = 0;
+  std::uintptr_t address = 0;
+  std::size_t total_size = 0;
+  std::size_t allocated_size = 0;
+  std::size_t active_size = 0;
+  std::size_t requested_size = 0;
+  bool is_large = false;
+  Stream stream = 0;  // stream the segment was reserved for
+  std::vector<BlockInfo> blocks;  // in address order
+};
+
+const char* to_string(BlockInfo::State state);  // "active_allocated" | "active_pending_free" | "inactive"
+
+class Allocator {
+ public:
+  // The backend is shared so tests can keep driving a SimBackend they also hand to the allocator.
+  Allocator(Options options, std::shared_ptr<Backend> backend);
+  ~Allocator();
+  Allocator(const Allocator&) = delete;
+  Allocator& operator=(const Allocator&) = delete;
+
+  // Returns nullptr for size 0. Throws Error(kOutOfMemory) with a report that explains the numbers,
+  // Error(kInvalidArgument) for a bad device, Error(kShutdown) after shutdown().
+  void* allocate(std::size_t size, int device, Stream stream);
+  // `size` must be the requested size or 0 (unknown); `device` must be the block's device or -1
+  // (look it up). Throws Error(kInvalidArgument) for a double free, a foreign pointer, or a wrong
+  // size or device, and then changes nothing. A `stream` other than the allocation stream is treated
+  // as one more stream the block was used on. nullptr is a no-op.
+  void deallocate(void* ptr, std::size_t size = 0, int device = -1, Stream stream = 0);
+  // Never throws for misuse: calls on the allocation stream, repeated calls and calls on pointers that
+  // are not live are counted in the stream stats (and reported by the audit). Throws only when the
+  // stream belongs to another device than the block (kInvalidArgument).
+  void record_stream(void* ptr, Stream stream);
+
+  // Release every cached segment that is entirely free and settled (after closing and polling fences).
+  void empty_cache();
+  // Cap reserved bytes of `device` at fraction * device memory (0 < fraction <= 1). Lowering the cap
+  // below what is reserved releases cached segments; it never frees live blocks.
+  void set_memory_fraction(double fraction, int device);
+  double memory_fraction(int device) const;
+  // Record fences for open batches and poll completed ones on every device (normally done lazily).
+  void process_fences();
+  // Wait on the host for every fence; afterwards no block is pending.
+  void synchronize_fences();
+
+  DeviceStats stats(int device) const;
+  void reset_peak_stats(int device);
+  void reset_accumulated_stats(int device);
+  std::vector<SegmentInfo> segments(int device) const;  // all devices when device < 0
+  std::vector<BlockInfo> blocks(int device) const;      // flattened segments(), live and free
+  // torch.cuda.memory._snapshot()-shaped JSON plus streamalloc's per-block stream fields.
+  std::string snapshot_json() const;
+  std::string stats_json(int device) const;
+  // Check every invariant of docs/design.md ("Invariants"); throws std::logic_error naming the first
+  // one broken. Expensive: for tests and debugging.
+  void validate() const;
+
+  // The device a live pointer belongs to, or -1.
+  int device_of(const void* ptr) const;
+  // Size requested for a live pointer, or 0.
+  std::size_t requested_size_of(const void* ptr) const;
+  // Base address and size of the segment holding `ptr` (live or not), or nullptr.
+  void* segment_base(const void* ptr, std::size_t* size) const;
+  // Largest free block and total cached free bytes (PyTorch's cacheInfo), per device.
+  void cache_info(int device, std::size_t* largest_free_block, std::size_t* total_cached) const;
+
+  // Release all cached memory and refuse further calls (kShutdown). Live blocks stay valid until the
+  // backend goes away; their later frees are refused with a clear error, never a crash.
+  void shutdown();
+  bool is_shut_down() const;
+
+  const Options& options() const { return options_; }
+  Backend& backend() { return *backend_; }
+  int device_count() const;
+
+ private:
+  DeviceCache& cache(int device) const;
+  int find_device(const void* ptr, int hint) const;
+
+  Options options_;
+  std::shared_ptr<Backend> backend_;
+  std::vector<std::unique_ptr<DeviceCache>> caches_;
+  struct Internals;  // audit sink and shutdown flag
+  std::unique_ptr<Internals> internals_;
+};
+
+// The backend `options.backend` selects: kCuda needs the CUDA backend to be built and a device
+// present (else Error(kConfig) saying so); kAuto picks CUDA when available, else the simulated device.
+std::shared_ptr<Backend> make_backend(const Options& options);
+// True when this build includes the CUDA backend.
+bool cuda_backend_built();
+
+}  // namespace streamalloc

@@ -1,0 +1,66 @@
+// Options: every tunable of streamalloc, parsed from one string with the syntax of
+// PYTORCH_CUDA_ALLOC_CONF ("key:value,key:value"). The same keys are the keyword arguments of
+// streamalloc.enable() and the fields below. Policy code receives an immutable Options and never
+// reads the environment.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace streamalloc {
+
+enum class BackendKind { kAuto, kCuda, kSim };
+
+// Which free blocks of other streams an allocation may take (docs/design.md, "Stream semantics").
+enum class CrossStreamReuse {
+  kNever,    // like PyTorch's native allocator: only blocks last used on the requesting stream
+  kSettled,  // also blocks whose every fence has completed: no new dependency between streams
+  kWait,     // also, before growing past the device, blocks made safe by a GPU-side wait on a fence
+};
+
+enum class AuditMode { kOff, kWarn, kTrace };
+enum class PoisonMode { kOff, kFree, kAlloc, kBoth };
+
+struct Options {
+  BackendKind backend = BackendKind::kAuto;
+  CrossStreamReuse cross_stream_reuse = CrossStreamReuse::kSettled;
+  // Blocks larger than this are never split (0 = no limit), as in PyTorch.
+  std::size_t max_split_size_bytes = 0;
+  // Round requests to this many divisions between powers of two (0 or 1 = off), as in PyTorch.
+  std::size_t roundup_power2_divisions = 0;
+  // Cap on reserved bytes per device, as a fraction of device memory.
+  double memory_fraction = 1.0;
+  // spdlog level name: trace, debug, info, warn, error, critical, off.
+  std::string log_level = "warn";
+  // Audit of stream usage (record_stream misuse, long-pending blocks, OOM holders).
+  AuditMode audit = AuditMode::kOff;
+  std::string audit_file;                   // empty = stderr
+  std::size_t pending_warn_ms = 1000;       // audit: warn about blocks pending longer than this
+  PoisonMode poison = PoisonMode::kOff;     // fill with 0xFF once truly free / when handed out
+  std::size_t quarantine_bytes = 0;         // delay reuse of this many freed bytes (FIFO)
+  bool check_sync = false;                  // happens-before check of record_stream vs waits
+  // Simulated device only.
+  std::size_t sim_memory_bytes = 4ull << 30;
+  int sim_devices = 1;
+
+  // Parse "key:value,key:value" on top of the defaults. Whitespace around keys and values is ignored;
+  // an empty string gives the defaults. Throws Error(kConfig) naming the key and accepted values.
+  static Options parse(std::string_view conf);
+  // Apply one key/value pair (used by parse() and by enable(**kwargs)).
+  void set(std::string_view key, std::string_view value);
+  // The resolved options, one "key: value  # help" line each, in table order.
+  std::string describe() const;
+  // The resolved options as a conf string that parse() accepts.
+  std::string to_conf_string() const;
+  // Every key with its help text, in table order.
+  static std::vector<std::pair<std::string, std::string>> keys();
+};
+
+const char* to_string(BackendKind kind);
+const char* to_string(CrossStreamReuse policy);
+const char* to_string(AuditMode mode);
+const char* to_string(PoisonMode mode);
+
+}  // namespace streamalloc

@@ -1,0 +1,75 @@
+/* streamalloc C ABI.
+ *
+ * The first seven functions have exactly the signatures torch.cuda.memory.CUDAPluggableAllocator
+ * expects, so libstreamalloc.so plugs into PyTorch with nothing but its Python API
+ * (docs/pytorch.md). The rest give configuration, statistics and snapshots as JSON.
+ *
+ * No function aborts the process or throws: on failure streamalloc_malloc returns NULL, the others
+ * do nothing, and streamalloc_last_error() tells what was wrong on this thread and what to do.
+ * The first call configures the allocator from the STREAMALLOC_CONF environment variable unless
+ * streamalloc_configure() was called before.
+ */
+#ifndef STREAMALLOC_STREAMALLOC_H
+#define STREAMALLOC_STREAMALLOC_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Same type as cudaStream_t, declared without the CUDA headers. */
+struct CUstream_st;
+typedef struct CUstream_st* streamalloc_stream_t;
+
+#if defined(__GNUC__)
+#define STREAMALLOC_API __attribute__((visibility("default")))
+#else
+#define STREAMALLOC_API
+#endif
+
+/* ---- CUDAPluggableAllocator hooks ---- */
+/* Memory for `size` bytes, safe for work enqueued on `stream` from now on; NULL on failure
+ * (out of memory, bad device, after shutdown) or for size 0. */
+STREAMALLOC_API void* streamalloc_malloc(size_t size, int device, streamalloc_stream_t stream);
+/* `size` is the requested size (or 0), `stream` the allocation stream. Bad calls (double free,
+ * foreign pointer, wrong size or device) change nothing and set the last error. */
+STREAMALLOC_API void streamalloc_free(void* ptr, size_t size, int device, streamalloc_stream_t stream);
+/* Protect the block at `ptr` from reuse until work already enqueued on `stream` at free time is done. */
+STREAMALLOC_API void streamalloc_record_stream(void* ptr, streamalloc_stream_t stream);
+STREAMALLOC_API void streamalloc_empty_cache(void);
+STREAMALLOC_API void streamalloc_set_memory_fraction(double fraction, int device);
+STREAMALLOC_API void streamalloc_init(int device_count);
+/* Base address of the segment holding `ptr`; *size receives the segment size. */
+STREAMALLOC_API void* streamalloc_base_alloc(void* ptr, size_t* size);
+
+/* ---- configuration and state ---- */
+/* Configure from a "key:value,..." string before first use (or after streamalloc_shutdown()).
+ * Returns 0 on success, -1 with the last error set (unknown key, bad value, already in use). */
+STREAMALLOC_API int streamalloc_configure(const char* conf);
+/* Release cached memory and refuse later calls with a clear error. */
+STREAMALLOC_API void streamalloc_shutdown(void);
+/* 1 when the allocator is configured and running on the CUDA backend, 0 on the simulated device,
+ * -1 before first use. */
+STREAMALLOC_API int streamalloc_backend_is_cuda(void);
+
+/* The JSON strings below are owned by the caller: release them with streamalloc_free_string(). */
+STREAMALLOC_API char* streamalloc_stats_json(int device);
+STREAMALLOC_API char* streamalloc_snapshot_json(void);
+STREAMALLOC_API char* streamalloc_options_json(void);
+STREAMALLOC_API void streamalloc_free_string(char* s);
+STREAMALLOC_API void streamalloc_reset_peak_stats(int device);
+/* Check every invariant; returns 0, or -1 with the last error naming the broken invariant. */
+STREAMALLOC_API int streamalloc_validate(void);
+
+/* The last error on the calling thread ("" when the last call succeeded). Valid until the next call
+ * on this thread. */
+STREAMALLOC_API const char* streamalloc_last_error(void);
+/* 0 none, 1 out of memory, 2 invalid argument, 3 config, 4 backend, 5 shut down. */
+STREAMALLOC_API int streamalloc_last_error_code(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* STREAMALLOC_STREAMALLOC_H */

@@ -1,0 +1,203 @@
+// Allocator: routes calls to the DeviceCache of each device and guards against use after shutdown.
+#include "streamalloc/allocator.hpp"
+
+#include <atomic>
+#include <sstream>
+
+#include "audit.hpp"
+#include "device_cache.hpp"
+#include "logging.hpp"
+
+namespace streamalloc {
+
+struct Allocator::Internals {
+  explicit Internals(const Options& options) : audit(options) {}
+  Audit audit;
+  std::atomic<bool> shut_down{false};
+};
+
+namespace {
+
+std::string hex(std::uintptr_t value) {
+  std::ostringstream s;
+  s << "0x" << std::hex << value;
+  return s.str();
+}
+
+}  // namespace
+
+const char* to_string(BlockInfo::State state) {
+  switch (state) {
+    case BlockInfo::State::kAllocated: return "active_allocated";
+    case BlockInfo::State::kPendingFree: return "active_pending_free";
+    case BlockInfo::State::kFree: return "inactive";
+  }
+  return "inactive";
+}
+
+Allocator::Allocator(Options options, std::shared_ptr<Backend> backend)
+    : options_(std::move(options)), backend_(std::move(backend)) {
+  if (!backend_) throw Error(ErrorCode::kConfig, "streamalloc: Allocator needs a backend (got null)");
+  set_log_level(options_.log_level);
+  internals_ = std::make_unique<Internals>(options_);
+  const int devices = backend_->device_count();
+  for (int d = 0; d < devices; ++d) {
+    caches_.push_back(std::make_unique<DeviceCache>(d, options_, *backend_, internals_->audit));
+  }
+  log().info("allocator on the {} backend, {} device(s); options: {}", backend_->name(), devices,
+             options_.to_conf_string());
+}
+
+// The caches release memory and report through the audit sink, so they go first.
+Allocator::~Allocator() { caches_.clear(); }
+
+int Allocator::device_count() const { return static_cast<int>(caches_.size()); }
+
+DeviceCache& Allocator::cache(int device) const {
+  if (internals_->shut_down.load(std::memory_order_relaxed)) {
+    throw Error(ErrorCode::kShutdown,
+                "streamalloc: called after shutdown(); the allocator no longer hands out or takes back memory. "
+                "Make all allocations and frees before shutting it down.");
+  }
+  if (device < 0 || device >= device_count()) {
+    throw Error(ErrorCode::kInvalidArgument, "streamalloc: device " + std::to_string(device) +
+                                                 " does not exist; this allocator manages devices 0.." +
+                                                 std::to_string(device_count() - 1));
+  }
+  return *caches_[static_cast<std::size_t>(device)];
+}
+
+int Allocator::find_device(const void* ptr, int hint) const {
+  if (hint >= 0 && hint < device_count() && caches_[static_cast<std::size_t>(hint)]->owns_live(ptr)) return hint;
+  for (int d = 0; d < device_count(); ++d) {
+    if (d != hint && caches_[static_cast<std::size_t>(d)]->owns_live(ptr)) return d;
+  }
+  return -1;
+}
+
+void* Allocator::allocate(std::size_t size, int device, Stream stream) {
+  DeviceCache& c = cache(device);
+  if (size == 0) return nullptr;
+  return c.allocate(size, stream);
+}
+
+void Allocator::deallocate(void* ptr, std::size_t size, int device, Stream stream) {
+  if (ptr == nullptr) return;
+  if (device >= 0) {
+    DeviceCache& c = cache(device);
+    if (!c.owns_live(ptr)) {
+      const int actual = find_device(ptr, -1);
+      if (actual >= 0) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "streamalloc: free(" + hex(reinterpret_cast<std::uintptr_t>(ptr)) + ") names device " +
+                        std::to_string(device) + " but the block lives on device " + std::to_string(actual) +
+                        "; nothing was freed. Pass the device it was allocated on.");
+      }
+    }
+    c.deallocate(ptr, size, stream);
+    return;
+  }
+  const int actual = find_device(ptr, -1);
+  cache(actual >= 0 ? actual : 0).deallocate(ptr, size, stream);
+}
+
+void Allocator::record_stream(void* ptr, Stream stream) {
+  const int stream_device = backend_->stream_device(stream);
+  const int device = find_device(ptr, stream_device);
+  if (device < 0) {
+    // Not live anywhere: counted (and audited) by the device the stream belongs to.
+    cache(stream_device >= 0 && stream_device < device_count() ? stream_device : 0).record_stream(ptr, stream);
+    return;
+  }
+  if (stream_device >= 0 && stream_device != device) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "streamalloc: record_stream(" + hex(reinterpret_cast<std::uintptr_t>(ptr)) + ", stream " +
+                    hex(stream) + "): the stream belongs to device " + std::to_string(stream_device) +
+                    " but the block lives on device " + std::to_string(device) +
+                    ". Only streams of the block's device can use it; copy the tensor to the other device instead.");
+  }
+  cache(device).record_stream(ptr, stream);
+}
+
+void Allocator::empty_cache() {
+  for (int d = 0; d < device_count(); ++d) cache(d).empty_cache();
+}
+
+void Allocator::set_memory_fraction(double fraction, int device) {
+  if (!(fraction > 0.0 && fraction <= 1.0)) {
+    throw Error(ErrorCode::kInvalidArgument, "streamalloc: memory fraction " + std::to_string(fraction) +
+                                                 " is out of range; pass a value in (0, 1].");
+  }
+  cache(device).set_memory_fraction(fraction);
+}
+
+double Allocator::memory_fraction(int device) const { return cache(device).memory_fraction(); }
+
+void Allocator::process_fences() {
+  for (int d = 0; d < device_count(); ++d) cache(d).process_fences();
+}
+
+void Allocator::synchronize_fences() {
+  for (int d = 0; d < device_count(); ++d) cache(d).synchronize_fences();
+}
+
+// Reports keep working after shutdown, so a post-mortem can still look at the numbers.
+DeviceStats Allocator::stats(int device) const {
+  if (device < 0 || device >= device_count()) cache(device);  // throws the range error
+  return caches_[static_cast<std::size_t>(device)]->stats();
+}
+
+void Allocator::reset_peak_stats(int device) { cache(device).reset_peak_stats(); }
+void Allocator::reset_accumulated_stats(int device) { cache(device).reset_accumulated_stats(); }
+
+std::vector<SegmentInfo> Allocator::segments(int device) const {
+  std::vector<SegmentInfo> out;
+  for (int d = 0; d < device_count(); ++d) {
+    if (device >= 0 && d != device) continue;
+    auto part = caches_[static_cast<std::size_t>(d)]->segments();
+    out.insert(out.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
+  }
+  return out;
+}
+
+std::vector<BlockInfo> Allocator::blocks(int device) const {
+  std::vector<BlockInfo> out;
+  for (SegmentInfo& segment : segments(device)) {
+    out.insert(out.end(), std::make_move_iterator(segment.blocks.begin()), std::make_move_iterator(segment.blocks.end()));
+  }
+  return out;
+}
+
+std::string Allocator::stats_json(int device) const { return stats(device).to_json(); }
+
+void Allocator::validate() const {
+  for (const auto& c : caches_) c->validate();
+}
+
+int Allocator::device_of(const void* ptr) const { return find_device(ptr, -1); }
+
+std::size_t Allocator::requested_size_of(const void* ptr) const {
+  const int device = find_device(ptr, -1);
+  return device < 0 ? 0 : caches_[static_cast<std::size_t>(device)]->requested_size_of(ptr);
+}
+
+void* Allocator::segment_base(const void* ptr, std::size_t* size) const {
+  for (const auto& c : caches_) {
+    if (void* base = c->segment_base(ptr, size)) return base;
+  }
+  return nullptr;
+}
+
+void Allocator::cache_info(int device, std::size_t* largest_free_block, std::size_t* total_cached) const {
+  cache(device).cache_info(largest_free_block, total_cached);
+}
+
+void Allocator::shutdown() {
+  if (internals_->shut_down.exchange(true)) return;
+  for (const auto& c : caches_) c->release_all();
+  internals_->audit.flush();
+}
+
+bool Allocator::is_shut_down() const { return internals_->shut_down.load(); }
+
+}  // namespace streamalloc

@@ -1,0 +1,41 @@
+// Audit: human-readable reports of stream misuse (docs/record-stream.md). The cache counts every
+// event in its stats whether or not it is logged; Audit only decides whether and how to say it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "streamalloc/options.hpp"
+#include "streamalloc/types.hpp"
+
+namespace spdlog {
+class logger;
+}
+
+namespace streamalloc {
+
+class Audit {
+ public:
+  explicit Audit(const Options& options);
+  ~Audit();
+  bool enabled() const { return mode_ != AuditMode::kOff; }
+  bool tracing() const { return mode_ == AuditMode::kTrace; }
+
+  void record_stream_on_allocation_stream(int device, std::uintptr_t address, Stream stream);
+  void record_stream_duplicate(int device, std::uintptr_t address, Stream stream);
+  void record_stream_not_live(int device, const void* ptr, Stream stream, const char* why);
+  void pending_too_long(int device, Stream stream, std::size_t blocks, std::size_t bytes, double ms);
+  void host_sync_for_memory(int device, std::size_t fences, std::size_t bytes_released);
+  void out_of_memory(int device, const std::string& report);
+  // Trace mode: one line per allocation event.
+  void trace(int device, const char* what, std::uintptr_t address, std::size_t size, Stream stream);
+  void flush();
+
+ private:
+  AuditMode mode_;
+  std::shared_ptr<spdlog::logger> logger_;
+};
+
+}  // namespace streamalloc

@@ -1,0 +1,66 @@
+// Blocks and segments: the block table every other part of the cache works on.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "streamalloc/stats.hpp"
+#include "streamalloc/types.hpp"
+
+namespace streamalloc {
+
+using Clock = std::chrono::steady_clock;
+
+enum class BlockState : std::uint8_t {
+  kAllocated,  // handed to a caller
+  kPending,    // freed, but waiting for fences on the other streams it was used on
+  kFree,       // in a free index: settled (safe for any stream) or owned by one stream
+};
+
+struct Segment;
+
+struct Block {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  std::size_t requested = 0;  // caller's size while allocated
+  Segment* segment = nullptr;
+  Block* prev = nullptr;  // address neighbours within the segment
+  Block* next = nullptr;
+  BlockState state = BlockState::kFree;
+  // Free blocks only: no work on any stream can still touch the block, so any stream may take it.
+  bool settled = false;
+  // Counted in inactive_split (a free block inside a segment that holds other blocks).
+  bool counted_inactive_split = false;
+  // Allocation stream while allocated/pending; owner stream while free and unsettled.
+  Stream stream = 0;
+  // Other streams recorded with record_stream while allocated (usually 0-2 entries).
+  std::vector<Stream> uses;
+  std::uint32_t record_calls = 0;
+  // Pending: fences on other streams still to complete.
+  std::uint32_t fences_left = 0;
+  // Pending or free-unsettled: the batch sequence number on `stream` whose fence settles the block.
+  std::uint64_t settle_seq = 0;
+  // Key of the free index the block sits in (owner stream, or a shared key for settled blocks).
+  Stream index_key = 0;
+  Clock::time_point since{};  // allocated at (live) or freed at (pending/free)
+  // Intrusive links of the owner stream's list of unsettled blocks, in settle_seq order.
+  Block* settle_prev = nullptr;
+  Block* settle_next = nullptr;
+  bool in_settle_list = false;
+
+  bool is_split() const { return prev != nullptr || next != nullptr; }
+};
+
+struct Segment {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  PoolKind pool = PoolKind::kSmall;
+  Stream stream = 0;  // stream of the allocation that reserved it
+  Block* head = nullptr;
+};
+
+inline int pool_index(PoolKind pool) { return static_cast<int>(pool); }
+
+}  // namespace streamalloc

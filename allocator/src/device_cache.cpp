@@ -1,0 +1,415 @@
+// DeviceCache: construction, the free path, record_stream and fence processing.
+// The allocation path is in device_cache_alloc.cpp, validate() in device_cache_validate.cpp.
+#include "device_cache.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+#include "audit.hpp"
+#include "logging.hpp"
+
+namespace streamalloc {
+
+DeviceCache::DeviceCache(int device, const Options& options, Backend& backend, Audit& audit)
+    : device_(device),
+      options_(options),
+      backend_(backend),
+      audit_(audit),
+      memory_fraction_(options.memory_fraction),
+      events_(backend, device) {
+  stats_.max_split_size =
+      options.max_split_size_bytes == 0 ? -1 : static_cast<std::int64_t>(options.max_split_size_bytes);
+}
+
+DeviceCache::~DeviceCache() {
+  try {
+    release_all();
+  } catch (const std::exception& e) {
+    log().warn("device {}: error while releasing memory at teardown: {}", device_, e.what());
+  }
+  // Segments still holding live blocks stay reserved (their memory may still be in use); only the
+  // bookkeeping goes.
+  for (auto& [address, segment] : segments_) {
+    for (Block* b = segment->head; b != nullptr;) {
+      Block* next = b->next;
+      delete b;
+      b = next;
+    }
+  }
+}
+
+// Streams are checked once, when the cache first sees them, so the hot path pays only a lookup.
+FenceQueue& DeviceCache::queue(Stream stream) {
+  if (last_queue_ != nullptr && last_queue_->stream() == stream) return *last_queue_;
+  auto it = queues_.find(stream);
+  if (it == queues_.end()) {
+    const int owner = backend_.stream_device(stream);
+    if (owner >= 0 && owner != device_) {
+      std::ostringstream msg;
+      msg << "streamalloc: stream 0x" << std::hex << stream << std::dec << " belongs to device " << owner
+          << " but was used with memory of device " << device_
+          << "; pass a stream of the device you allocate on (blocks can only be used on streams of their device).";
+      throw Error(ErrorCode::kInvalidArgument, msg.str());
+    }
+    it = queues_.emplace(stream, std::make_unique<FenceQueue>(stream)).first;
+  }
+  last_queue_ = it->second.get();
+  return *last_queue_;
+}
+
+// ---------------------------------------------------------------- stats helpers
+
+void DeviceCache::stat_increase(StatArray DeviceStats::*field, PoolKind pool, std::int64_t amount) {
+  (stats_.*field)[0].increase(amount);
+  (stats_.*field)[pool_index(pool)].increase(amount);
+}
+
+void DeviceCache::stat_decrease(StatArray DeviceStats::*field, PoolKind pool, std::int64_t amount) {
+  (stats_.*field)[0].decrease(amount);
+  (stats_.*field)[pool_index(pool)].decrease(amount);
+}
+
+void DeviceCache::count_inactive_split(Block* block) {
+  if (block->counted_inactive_split || !block->is_split()) return;
+  block->counted_inactive_split = true;
+  stat_increase(&DeviceStats::inactive_split, block->segment->pool, 1);
+  stat_increase(&DeviceStats::inactive_split_bytes, block->segment->pool, static_cast<std::int64_t>(block->size));
+}
+
+void DeviceCache::uncount_inactive_split(Block* block) {
+  if (!block->counted_inactive_split) return;
+  block->counted_inactive_split = false;
+  stat_decrease(&DeviceStats::inactive_split, block->segment->pool, 1);
+  stat_decrease(&DeviceStats::inactive_split_bytes, block->segment->pool, static_cast<std::int64_t>(block->size));
+}
+
+// ---------------------------------------------------------------- free indexes
+
+Stream DeviceCache::settled_key(const Block* block) const {
+  // Under `never`, settled blocks still belong to their stream, as in PyTorch's native allocator.
+  return options_.cross_stream_reuse == CrossStreamReuse::kNever ? block->stream : 0;
+}
+
+void DeviceCache::insert_free(Block* block) {
+  const int pool = pool_index(block->segment->pool);
+  if (block->settled) {
+    settled_[pool].insert(block, settled_key(block));
+  } else {
+    unsettled_[pool].insert(block, block->stream);
+    queue(block->stream).settle_list_insert(block);
+  }
+  count_inactive_split(block);
+}
+
+void DeviceCache::remove_free(Block* block) {
+  const int pool = pool_index(block->segment->pool);
+  if (block->settled) {
+    settled_[pool].erase(block);
+  } else {
+    unsettled_[pool].erase(block);
+    queue(block->stream).settle_list_remove(block);
+  }
+  uncount_inactive_split(block);
+}
+
+bool DeviceCache::mergeable(const Block* a, const Block* b) const {
+  if (a == nullptr || b == nullptr) return false;
+  if (a->state != BlockState::kFree || b->state != BlockState::kFree) return false;
+  if (a->settled != b->settled) return false;
+  return a->settled || a->stream == b->stream;
+}
+
+// Merge `block` (already out of the indexes) with free neighbours in the same stream state; returns the
+// surviving block, which the caller inserts. The lower address survives so segment->head stays valid.
+Block* DeviceCache::merge_free_neighbours(Block* block) {
+  for (Block* neighbour : {block->prev, block->next}) {
+    if (!mergeable(block, neighbour)) continue;
+    remove_free(neighbour);
+    Block* low = neighbour->address < block->address ? neighbour : block;
+    Block* high = low == block ? neighbour : block;
+    low->size += high->size;
+    low->next = high->next;
+    if (low->next) low->next->prev = low;
+    // An unsettled merge settles only when the later of the two batches has been fenced.
+    low->settle_seq = std::max(low->settle_seq, high->settle_seq);
+    low->since = std::max(low->since, high->since);
+    delete high;
+    block = low;
+  }
+  return block;
+}
+
+// ---------------------------------------------------------------- free path
+
+bool DeviceCache::owns_live(const void* ptr) const {
+  Lock lock(mutex_);
+  return live_.count(reinterpret_cast<std::uintptr_t>(ptr)) != 0;
+}
+
+bool DeviceCache::owns_address(const void* ptr) const {
+  Lock lock(mutex_);
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  auto it = segments_.upper_bound(address);
+  if (it == segments_.begin()) return false;
+  --it;
+  return address < it->first + it->second->size;
+}
+
+void DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hint) {
+  Lock lock(mutex_);
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  auto it = live_.find(address);
+  if (it == live_.end()) {
+    ++stats_.invalid_frees;
+    throw_bad_free(ptr, "free");
+  }
+  Block* block = it->second;
+  if (size_hint != 0 && size_hint != block->requested) {
+    ++stats_.invalid_frees;
+    throw Error(ErrorCode::kInvalidArgument,
+                "streamalloc: free(" + std::to_string(address) + ") on device " + std::to_string(device_) +
+                    " passed size " + std::to_string(size_hint) + " but the block was allocated with size " +
+                    std::to_string(block->requested) +
+                    "; nothing was freed. Pass the size given to malloc (or 0 if unknown).");
+  }
+  // A free issued on another stream than the allocation stream may still be using the block there.
+  if (stream_hint != block->stream && stream_hint != 0 &&
+      std::find(block->uses.begin(), block->uses.end(), stream_hint) == block->uses.end()) {
+    block->uses.push_back(stream_hint);
+  }
+  live_.erase(it);
+  const PoolKind pool = block->segment->pool;
+  stat_decrease(&DeviceStats::allocation, pool, 1);
+  stat_decrease(&DeviceStats::allocated_bytes, pool, static_cast<std::int64_t>(block->size));
+  stat_decrease(&DeviceStats::requested_bytes, pool, static_cast<std::int64_t>(block->requested));
+  if (options_.max_split_size_bytes != 0 && block->size >= options_.max_split_size_bytes) {
+    stats_.oversize_allocations.decrease(1);
+  }
+  audit_.trace(device_, "free", block->address, block->size, block->stream);
+  block->requested = 0;
+  block->since = Clock::now();
+  if (block->uses.empty()) {
+    if (options_.poison == PoisonMode::kFree || options_.poison == PoisonMode::kBoth) {
+      backend_.memset_async(device_, ptr, 0xFF, block->size, block->stream);
+    }
+    stat_decrease(&DeviceStats::active, pool, 1);
+    stat_decrease(&DeviceStats::active_bytes, pool, static_cast<std::int64_t>(block->size));
+    free_to_owner(block);
+  } else {
+    make_pending(block);
+  }
+}
+
+// Rule 3, no other uses: stream order makes the block safe for its allocation stream at once. It
+// joins that stream's open batch, whose fence will make it safe for every stream (settled).
+void DeviceCache::free_to_owner(Block* block) {
+  block->state = BlockState::kFree;
+  block->settled = false;
+  block->uses.clear();
+  FenceQueue& owner = queue(block->stream);
+  block->settle_seq = owner.join_as_owner();
+  if (owner.completed_seq() >= block->settle_seq) mark_settled(block);
+  insert_free(merge_free_neighbours(block));
+}
+
+// Rule 3, other uses: the block waits for a fence on every stream it was used on.
+void DeviceCache::make_pending(Block* block) {
+  block->state = BlockState::kPending;
+  block->settle_seq = queue(block->stream).join_as_owner();
+  block->fences_left = static_cast<std::uint32_t>(block->uses.size());
+  for (Stream used : block->uses) {
+    if (backend_.is_capturing(device_, used)) ++stats_.frees_deferred_capture;
+    queue(used).join_as_user(block);
+  }
+  stats_.pending_blocks.increase(1);
+  stats_.pending_bytes.increase(static_cast<std::int64_t>(block->size));
+}
+
+// Every fence of a pending block has completed: it returns to its allocation stream's free list.
+void DeviceCache::release_pending(Block* block) {
+  stats_.pending_blocks.decrease(1);
+  stats_.pending_bytes.decrease(static_cast<std::int64_t>(block->size));
+  const PoolKind pool = block->segment->pool;
+  stat_decrease(&DeviceStats::active, pool, 1);
+  stat_decrease(&DeviceStats::active_bytes, pool, static_cast<std::int64_t>(block->size));
+  if (options_.poison == PoisonMode::kFree || options_.poison == PoisonMode::kBoth) {
+    // In the allocation stream's order, after the fences: the block is truly free now.
+    backend_.memset_async(device_, reinterpret_cast<void*>(block->address), 0xFF, block->size, block->stream);
+  }
+  block->state = BlockState::kFree;
+  block->settled = false;
+  block->uses.clear();
+  if (queue(block->stream).completed_seq() >= block->settle_seq) mark_settled(block);
+  insert_free(merge_free_neighbours(block));
+}
+
+// The owner stream's fence for `block` has completed: no stream can still touch it.
+void DeviceCache::settle(Block* block) {
+  remove_free(block);
+  mark_settled(block);
+  insert_free(merge_free_neighbours(block));
+}
+
+void DeviceCache::mark_settled(Block* block) {
+  block->settled = true;
+  const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - block->since).count();
+  for (std::size_t i = 0; i < kLatencyBucketUs.size(); ++i) {
+    if (waited < kLatencyBucketUs[i]) {
+      ++stats_.free_to_reusable_us[i];
+      break;
+    }
+  }
+}
+
+void DeviceCache::finish_fence(FenceQueue& queue, Fence& fence) {
+  for (Block* block : fence.pending) {
+    queue.note_pending_released(block);
+    if (--block->fences_left == 0) release_pending(block);
+  }
+  events_.release(fence.event);
+  // Settle this stream's unsettled free blocks up to the completed sequence number.
+  while (Block* head = queue.settle_list_head()) {
+    if (head->settle_seq > queue.completed_seq()) break;
+    settle(head);
+  }
+}
+
+bool DeviceCache::any_stream_capturing() {
+  for (auto& [stream, q] : queues_) {
+    if (backend_.is_capturing(device_, stream)) return true;
+  }
+  return false;
+}
+
+// Close every open batch (one event per stream) and pop completed fences, oldest first per stream.
+// While any stream captures a graph, nothing is recorded or queried (rule 6).
+void DeviceCache::close_batches_and_poll() {
+  if (any_stream_capturing()) return;
+  const auto now = Clock::now();
+  for (auto& [stream, q] : queues_) {
+    if (q->close_batch(backend_, events_, device_)) ++stats_.fences_recorded;
+    Fence fence;
+    std::uint64_t queries = 0;
+    while (q->pop_completed(backend_, device_, &fence, &queries)) finish_fence(*q, fence);
+    stats_.fences_polled += static_cast<std::int64_t>(queries);
+    if (audit_.enabled() && !q->in_flight().empty()) {
+      const Fence& oldest = q->in_flight().front();
+      const double ms = std::chrono::duration<double, std::milli>(now - oldest.recorded_at).count();
+      if (!oldest.audited_late && ms > static_cast<double>(options_.pending_warn_ms)) {
+        std::size_t bytes = 0;
+        for (Block* b : oldest.pending) bytes += b->size;
+        audit_.pending_too_long(device_, stream, oldest.pending.size(), bytes, ms);
+        const_cast<Fence&>(oldest).audited_late = true;
+      }
+    }
+  }
+}
+
+// Host-wait for every fence (the OOM path and empty_cache). Afterwards nothing is pending.
+void DeviceCache::synchronize_all_fences() {
+  if (any_stream_capturing()) return;
+  std::size_t fences = 0;
+  const auto pending_before = stats_.pending_bytes.current;
+  for (auto& [stream, q] : queues_) {
+    if (q->close_batch(backend_, events_, device_)) ++stats_.fences_recorded;
+    std::vector<Fence> done;
+    q->synchronize_all(backend_, device_, &done);
+    for (Fence& fence : done) finish_fence(*q, fence);
+    fences += done.size();
+  }
+  stats_.fences_synced_host += static_cast<std::int64_t>(fences);
+  ++stats_.num_sync_all_streams;
+  if (fences > 0) {
+    audit_.host_sync_for_memory(device_, fences,
+                                static_cast<std::size_t>(pending_before - stats_.pending_bytes.current));
+  }
+}
+
+void DeviceCache::process_fences() {
+  Lock lock(mutex_);
+  close_batches_and_poll();
+}
+
+void DeviceCache::synchronize_fences() {
+  Lock lock(mutex_);
+  synchronize_all_fences();
+}
+
+// ---------------------------------------------------------------- record_stream
+
+void DeviceCache::record_stream(void* ptr, Stream stream) {
+  Lock lock(mutex_);
+  ++stats_.record_stream_calls;
+  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == live_.end()) {
+    ++stats_.record_stream_unknown_ptr;
+    lock.unlock();
+    const bool ours = owns_address(ptr);
+    audit_.record_stream_not_live(device_, ptr, stream,
+                                  ours ? "the block is already freed (record_stream came too late)"
+                                       : "the pointer was not allocated by streamalloc");
+    return;
+  }
+  Block* block = it->second;
+  if (stream == block->stream) {
+    ++stats_.record_stream_on_alloc_stream;
+    audit_.record_stream_on_allocation_stream(device_, block->address, stream);
+    return;
+  }
+  if (std::find(block->uses.begin(), block->uses.end(), stream) != block->uses.end()) {
+    ++stats_.record_stream_duplicate;
+    audit_.record_stream_duplicate(device_, block->address, stream);
+    return;
+  }
+  block->uses.push_back(stream);
+  ++block->record_calls;
+  audit_.trace(device_, "record_stream", block->address, block->size, stream);
+}
+
+// ---------------------------------------------------------------- stats
+
+DeviceStats DeviceCache::stats() const {
+  Lock lock(mutex_);
+  DeviceStats copy = stats_;
+  for (const auto& [stream, q] : queues_) {
+    const StreamPending& p = q->pending_stats();
+    if (p.pending_blocks.allocated != 0) copy.per_stream[stream] = p;
+  }
+  return copy;
+}
+
+void DeviceCache::reset_peak_stats() {
+  Lock lock(mutex_);
+#define STREAMALLOC_RESET_PEAK(name, kind, help) \
+  for (Stat & s : stats_.name) s.reset_peak();
+  STREAMALLOC_POOL_STATS(STREAMALLOC_RESET_PEAK)
+#undef STREAMALLOC_RESET_PEAK
+  for (Stat* s : {&stats_.pending_blocks, &stats_.pending_bytes, &stats_.oversize_allocations,
+                  &stats_.oversize_segments}) {
+    s->reset_peak();
+  }
+  for (auto& [stream, q] : queues_) {
+    q->pending_stats().pending_blocks.reset_peak();
+    q->pending_stats().pending_bytes.reset_peak();
+  }
+}
+
+void DeviceCache::reset_accumulated_stats() {
+  Lock lock(mutex_);
+#define STREAMALLOC_RESET_ACCUMULATED(name, kind, help) \
+  for (Stat & s : stats_.name) s.reset_accumulated();
+  STREAMALLOC_POOL_STATS(STREAMALLOC_RESET_ACCUMULATED)
+#undef STREAMALLOC_RESET_ACCUMULATED
+#define STREAMALLOC_RESET_COUNT(name, help) stats_.name = 0;
+  STREAMALLOC_EVENT_COUNTS(STREAMALLOC_RESET_COUNT)
+  STREAMALLOC_STREAM_COUNTS(STREAMALLOC_RESET_COUNT)
+#undef STREAMALLOC_RESET_COUNT
+  for (Stat* s : {&stats_.pending_blocks, &stats_.pending_bytes, &stats_.oversize_allocations,
+                  &stats_.oversize_segments}) {
+    s->reset_accumulated();
+  }
+  stats_.free_to_reusable_us.fill(0);
+  accumulated_reset_ = true;
+}
+
+}  // namespace streamalloc

@@ -1,0 +1,119 @@
+// DeviceCache: the block cache of one device. Segments are split into blocks; free blocks sit in
+// per-stream or settled indexes; freed blocks used on other streams wait as pending for batched
+// fences. All public methods lock the cache's mutex. docs/design.md explains the rules.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "block.hpp"
+#include "fence_queue.hpp"
+#include "free_index.hpp"
+#include "streamalloc/allocator.hpp"
+#include "streamalloc/backend.hpp"
+#include "streamalloc/options.hpp"
+#include "streamalloc/stats.hpp"
+
+namespace streamalloc {
+
+class Audit;
+
+class DeviceCache {
+ public:
+  DeviceCache(int device, const Options& options, Backend& backend, Audit& audit);
+  ~DeviceCache();
+  DeviceCache(const DeviceCache&) = delete;
+  DeviceCache& operator=(const DeviceCache&) = delete;
+
+  void* allocate(std::size_t requested, Stream stream);
+  void deallocate(void* ptr, std::size_t size_hint, Stream stream_hint);
+  void record_stream(void* ptr, Stream stream);
+  bool owns_live(const void* ptr) const;
+  bool owns_address(const void* ptr) const;  // inside any segment of this device
+
+  void empty_cache();
+  void set_memory_fraction(double fraction);
+  double memory_fraction() const;
+  void process_fences();
+  void synchronize_fences();
+  void release_all();  // teardown and shutdown: every segment without live blocks goes back
+
+  DeviceStats stats() const;
+  void reset_peak_stats();
+  void reset_accumulated_stats();
+  std::vector<SegmentInfo> segments() const;
+  std::size_t requested_size_of(const void* ptr) const;
+  void cache_info(std::size_t* largest_free_block, std::size_t* total_cached) const;
+  void* segment_base(const void* ptr, std::size_t* size) const;
+  void validate() const;
+
+ private:
+  using Lock = std::unique_lock<std::mutex>;
+
+  // ---- allocation path (device_cache_alloc.cpp) ----
+  Block* find_free(PoolKind pool, std::size_t size, Stream stream);
+  Block* find_free_after_gpu_wait(PoolKind pool, std::size_t size, Stream stream);
+  Block* reserve_segment(PoolKind pool, std::size_t size, Stream stream);
+  Block* take(Block* block, std::size_t size, std::size_t requested, Stream stream);
+  std::size_t release_free_segments(std::size_t target_bytes);
+  [[noreturn]] void throw_out_of_memory(std::size_t requested, std::size_t size, Stream stream);
+  std::size_t memory_cap() const;
+
+  // ---- free path and fences (device_cache.cpp) ----
+  void free_to_owner(Block* block);
+  void make_pending(Block* block);
+  void release_pending(Block* block);
+  void settle(Block* block);
+  void mark_settled(Block* block);  // sets the flag and records the free-to-reusable latency
+  void finish_fence(FenceQueue& queue, Fence& fence);
+  void close_batches_and_poll();
+  void synchronize_all_fences();
+  bool any_stream_capturing();
+  FenceQueue& queue(Stream stream);
+
+  // ---- free-index bookkeeping ----
+  Stream settled_key(const Block* block) const;
+  void insert_free(Block* block);
+  void remove_free(Block* block);
+  Block* merge_free_neighbours(Block* block);
+  bool mergeable(const Block* a, const Block* b) const;
+  void count_inactive_split(Block* block);
+  void uncount_inactive_split(Block* block);
+
+  // ---- stats ----
+  void stat_increase(StatArray DeviceStats::*field, PoolKind pool, std::int64_t amount);
+  void stat_decrease(StatArray DeviceStats::*field, PoolKind pool, std::int64_t amount);
+
+  // ---- reports (device_cache_report.cpp) ----
+  BlockInfo describe(const Block* block, Clock::time_point now) const;
+  [[noreturn]] void throw_bad_free(const void* ptr, const char* what) const;
+
+  const int device_;
+  const Options& options_;
+  Backend& backend_;
+  Audit& audit_;
+  mutable std::mutex mutex_;
+
+  double memory_fraction_;
+  std::size_t device_total_ = 0;  // cached from the backend on first need
+  std::size_t reserved_ = 0;
+
+  std::map<std::uintptr_t, std::unique_ptr<Segment>> segments_;  // by address
+  std::unordered_map<std::uintptr_t, Block*> live_;                // allocated blocks by address
+  // Free blocks: [pool] unsettled blocks by owner stream; settled blocks by settled_key().
+  std::array<FreeIndex, kPoolKinds> unsettled_;
+  std::array<FreeIndex, kPoolKinds> settled_;
+  std::map<Stream, std::unique_ptr<FenceQueue>> queues_;
+  FenceQueue* last_queue_ = nullptr;  // one-entry cache in front of queues_ for the hot path
+  EventPool events_;
+  DeviceStats stats_;
+  bool accumulated_reset_ = false;  // validate() then cannot check allocated - freed == current
+};
+
+}  // namespace streamalloc

@@ -1,0 +1,120 @@
+// DeviceCache: read-only reports (segments, blocks, cache info) and misuse diagnostics.
+#include <algorithm>
+#include <sstream>
+
+#include "device_cache.hpp"
+
+namespace streamalloc {
+
+BlockInfo DeviceCache::describe(const Block* block, Clock::time_point now) const {
+  BlockInfo info;
+  info.address = block->address;
+  info.segment_address = block->segment->address;
+  info.size = block->size;
+  info.requested_size = block->requested;
+  switch (block->state) {
+    case BlockState::kAllocated: info.state = BlockInfo::State::kAllocated; break;
+    case BlockState::kPending: info.state = BlockInfo::State::kPendingFree; break;
+    case BlockState::kFree: info.state = BlockInfo::State::kFree; break;
+  }
+  info.settled = block->state == BlockState::kFree && block->settled;
+  info.allocation_stream = block->stream;
+  info.recorded_streams = block->uses;
+  info.record_stream_calls = block->record_calls;
+  info.pending_fences = block->state == BlockState::kPending ? block->fences_left : 0;
+  info.age_ms = std::chrono::duration<double, std::milli>(now - block->since).count();
+  return info;
+}
+
+std::vector<SegmentInfo> DeviceCache::segments() const {
+  Lock lock(mutex_);
+  const auto now = Clock::now();
+  std::vector<SegmentInfo> out;
+  out.reserve(segments_.size());
+  for (const auto& [address, segment] : segments_) {
+    SegmentInfo info;
+    info.device = device_;
+    info.address = address;
+    info.total_size = segment->size;
+    info.is_large = segment->pool == PoolKind::kLarge;
+    info.stream = segment->stream;
+    for (const Block* b = segment->head; b != nullptr; b = b->next) {
+      if (b->state == BlockState::kAllocated) {
+        info.allocated_size += b->size;
+        info.requested_size += b->requested;
+      }
+      if (b->state != BlockState::kFree) info.active_size += b->size;
+      info.blocks.push_back(describe(b, now));
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+std::size_t DeviceCache::requested_size_of(const void* ptr) const {
+  Lock lock(mutex_);
+  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  return it == live_.end() ? 0 : it->second->requested;
+}
+
+void DeviceCache::cache_info(std::size_t* largest_free_block, std::size_t* total_cached) const {
+  Lock lock(mutex_);
+  std::size_t largest = 0;
+  std::size_t total = 0;
+  for (const auto& indexes : {std::cref(unsettled_), std::cref(settled_)}) {
+    for (const FreeIndex& index : indexes.get()) {
+      index.for_each([&](Block* b) {
+        largest = std::max(largest, b->size);
+        total += b->size;
+      });
+    }
+  }
+  if (largest_free_block) *largest_free_block = largest;
+  if (total_cached) *total_cached = total;
+}
+
+void* DeviceCache::segment_base(const void* ptr, std::size_t* size) const {
+  Lock lock(mutex_);
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  auto it = segments_.upper_bound(address);
+  if (it == segments_.begin()) return nullptr;
+  --it;
+  if (address >= it->first + it->second->size) return nullptr;
+  if (size) *size = it->second->size;
+  return reinterpret_cast<void*>(it->first);
+}
+
+// Called with the lock held, for a pointer that is not a live block: say which mistake it is.
+void DeviceCache::throw_bad_free(const void* ptr, const char* what) const {
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  std::ostringstream msg;
+  msg << "streamalloc: " << what << "(" << ptr << ") on device " << device_ << ": ";
+  auto it = segments_.upper_bound(address);
+  const Segment* segment = nullptr;
+  if (it != segments_.begin()) {
+    --it;
+    if (address < it->first + it->second->size) segment = it->second.get();
+  }
+  if (segment == nullptr) {
+    msg << "the pointer was not allocated by streamalloc on this device (foreign pointer, or the wrong device "
+           "index). Nothing was freed. Free it with the allocator that returned it.";
+    throw Error(ErrorCode::kInvalidArgument, msg.str());
+  }
+  for (const Block* b = segment->head; b != nullptr; b = b->next) {
+    if (b->address == address) {
+      msg << "double free: the block of " << format_bytes(b->size) << " at this address is already "
+          << (b->state == BlockState::kPending ? "freed and waiting for its stream fences" : "free")
+          << ". Nothing was changed. Check for two owners of one tensor, or a free after a free.";
+      throw Error(ErrorCode::kInvalidArgument, msg.str());
+    }
+    if (address > b->address && address < b->address + b->size) {
+      msg << "the pointer is " << (address - b->address) << " bytes inside the block at 0x" << std::hex
+          << b->address << std::dec << "; only the address returned by malloc can be freed. Nothing was freed.";
+      throw Error(ErrorCode::kInvalidArgument, msg.str());
+    }
+  }
+  msg << "the pointer is inside a streamalloc segment but matches no block. Nothing was freed.";
+  throw Error(ErrorCode::kInvalidArgument, msg.str());
+}
+
+}  // namespace streamalloc

@@ -1,0 +1,191 @@
+// DeviceCache::validate(): every invariant of docs/design.md, checked from the block table.
+// Expensive (walks everything); tests and the fuzzer call it after every step.
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+#include "device_cache.hpp"
+
+namespace streamalloc {
+namespace {
+
+[[noreturn]] void broken(int device, const std::string& what) {
+  throw std::logic_error("streamalloc invariant broken on device " + std::to_string(device) + ": " + what);
+}
+
+std::string hex(std::uintptr_t value) {
+  std::ostringstream s;
+  s << "0x" << std::hex << value;
+  return s.str();
+}
+
+// `totals` is false once reset_accumulated_stats() ran: allocated/freed then restart from zero.
+void check_stat(int device, const char* name, const Stat& stat, std::int64_t expected, bool totals) {
+  if (stat.current != expected) {
+    broken(device, std::string(name) + ".current is " + std::to_string(stat.current) + " but the block table says " +
+                       std::to_string(expected));
+  }
+  if (totals && stat.allocated - stat.freed != stat.current) {
+    broken(device, std::string(name) + ": allocated - freed != current");
+  }
+  if (stat.peak < stat.current) broken(device, std::string(name) + ".peak is below current");
+}
+
+}  // namespace
+
+void DeviceCache::validate() const {
+  Lock lock(mutex_);
+  struct Totals {
+    std::int64_t allocation = 0, segment = 0, active = 0, inactive_split = 0;
+    std::int64_t allocated_bytes = 0, reserved_bytes = 0, active_bytes = 0, inactive_split_bytes = 0,
+                 requested_bytes = 0;
+  };
+  Totals pools[kPoolKinds];
+  std::int64_t pending_blocks = 0, pending_bytes = 0, oversize_allocations = 0, oversize_segments = 0;
+  const std::size_t max_split = options_.max_split_size_bytes;
+  auto oversize = [&](std::size_t size) { return max_split != 0 && size >= max_split; };
+  std::size_t free_blocks[2] = {0, 0};  // unsettled, settled
+  std::size_t live_blocks = 0;
+  std::size_t reserved = 0;
+
+  // Pending blocks: how many fences (open or in flight) list each one.
+  std::map<const Block*, std::uint32_t> fence_refs;
+  std::map<Stream, std::pair<std::int64_t, std::int64_t>> per_stream_pending;
+  for (const auto& [stream, q] : queues_) {
+    auto count = [&](const Block* b) {
+      ++fence_refs[b];
+      per_stream_pending[stream].first += 1;
+      per_stream_pending[stream].second += static_cast<std::int64_t>(b->size);
+    };
+    for (const Block* b : q->open_pending()) count(b);
+    std::uint64_t last_seq = q->completed_seq();
+    for (const Fence& f : q->in_flight()) {
+      if (f.seq <= last_seq) broken(device_, "fences of stream " + hex(stream) + " are not in sequence order");
+      last_seq = f.seq;
+      for (const Block* b : f.pending) count(b);
+    }
+    if (last_seq > q->closed_seq()) broken(device_, "a fence is newer than the stream's closed batch");
+    // The settle list: unsettled free blocks of this stream, in sequence order, not yet fenced.
+    std::uint64_t previous = 0;
+    for (const Block* b = q->settle_list_head(); b != nullptr; b = b->settle_next) {
+      if (b->state != BlockState::kFree || b->settled || b->stream != stream) {
+        broken(device_, "settle list of stream " + hex(stream) + " holds block " + hex(b->address) +
+                            " that is not free and unsettled on that stream");
+      }
+      if (b->settle_seq < previous) broken(device_, "settle list of stream " + hex(stream) + " is out of order");
+      if (b->settle_seq <= q->completed_seq()) {
+        broken(device_, "block " + hex(b->address) + " stayed unsettled after its fence completed (a completed fence "
+                                                     "must release exactly its batch)");
+      }
+      previous = b->settle_seq;
+    }
+    const StreamPending& ps = q->pending_stats();
+    const auto& expected = per_stream_pending[stream];
+    check_stat(device_, "per-stream pending_blocks", ps.pending_blocks, expected.first, true);
+    check_stat(device_, "per-stream pending_bytes", ps.pending_bytes, expected.second, true);
+  }
+
+  std::uintptr_t previous_end = 0;
+  for (const auto& [address, segment] : segments_) {
+    if (address < previous_end) broken(device_, "segments overlap at " + hex(address));
+    previous_end = address + segment->size;
+    reserved += segment->size;
+    if (oversize(segment->size)) ++oversize_segments;
+    Totals& t = pools[pool_index(segment->pool)];
+    t.segment += 1;
+    t.reserved_bytes += static_cast<std::int64_t>(segment->size);
+    std::uintptr_t expected_address = address;
+    const Block* prev = nullptr;
+    for (const Block* b = segment->head; b != nullptr; prev = b, b = b->next) {
+      if (b->segment != segment.get()) broken(device_, "block " + hex(b->address) + " points to the wrong segment");
+      if (b->prev != prev) broken(device_, "block " + hex(b->address) + " has a wrong prev link");
+      if (b->address != expected_address) {
+        broken(device_, "segment " + hex(address) + " is not tiled by its blocks at " + hex(expected_address) +
+                            " (a gap or an overlap)");
+      }
+      if (b->size == 0 || b->size % 512 != 0) broken(device_, "block " + hex(b->address) + " has a bad size");
+      expected_address += b->size;
+      const auto size = static_cast<std::int64_t>(b->size);
+      const int pool = pool_index(segment->pool);
+      const bool in_unsettled = unsettled_[pool].contains(const_cast<Block*>(b));
+      const bool in_settled = settled_[pool].contains(const_cast<Block*>(b));
+      auto live = live_.find(b->address);
+      switch (b->state) {
+        case BlockState::kAllocated:
+          if (live == live_.end() || live->second != b) broken(device_, "allocated block " + hex(b->address) + " is not in the live table");
+          if (in_unsettled || in_settled) broken(device_, "allocated block " + hex(b->address) + " is in a free index");
+          ++live_blocks;
+          if (oversize(b->size)) ++oversize_allocations;
+          t.allocation += 1;
+          t.allocated_bytes += size;
+          t.requested_bytes += static_cast<std::int64_t>(b->requested);
+          t.active += 1;
+          t.active_bytes += size;
+          break;
+        case BlockState::kPending: {
+          if (live != live_.end()) broken(device_, "pending block " + hex(b->address) + " is still in the live table");
+          if (in_unsettled || in_settled) broken(device_, "pending block " + hex(b->address) + " is in a free index");
+          auto refs = fence_refs.find(b);
+          const std::uint32_t waiting = refs == fence_refs.end() ? 0 : refs->second;
+          if (b->fences_left == 0 || waiting != b->fences_left) {
+            broken(device_, "pending block " + hex(b->address) + " waits for " + std::to_string(b->fences_left) +
+                                " fences but " + std::to_string(waiting) + " fences list it (a fence was skipped)");
+          }
+          pending_blocks += 1;
+          pending_bytes += size;
+          t.active += 1;
+          t.active_bytes += size;
+          break;
+        }
+        case BlockState::kFree:
+          if (live != live_.end()) broken(device_, "free block " + hex(b->address) + " is in the live table");
+          if (b->settled ? (!in_settled || in_unsettled) : (!in_unsettled || in_settled)) {
+            broken(device_, "free block " + hex(b->address) + " is not in exactly the index of its stream state");
+          }
+          if (!b->settled && !b->in_settle_list) broken(device_, "unsettled block " + hex(b->address) + " is not in its stream's settle list");
+          if (b->settled && b->in_settle_list) broken(device_, "settled block " + hex(b->address) + " is still in a settle list");
+          ++free_blocks[b->settled ? 1 : 0];
+          if (b->is_split()) {
+            t.inactive_split += 1;
+            t.inactive_split_bytes += size;
+          }
+          if (b->counted_inactive_split != b->is_split()) broken(device_, "inactive_split accounting of block " + hex(b->address));
+          if (mergeable(b, b->next)) {
+            broken(device_, "adjacent free blocks " + hex(b->address) + " and " + hex(b->next->address) +
+                                " in the same stream state were left unmerged");
+          }
+          break;
+      }
+    }
+    if (expected_address != address + segment->size) broken(device_, "segment " + hex(address) + " blocks do not add up to its size");
+  }
+  if (reserved != reserved_) broken(device_, "reserved byte count disagrees with the segments");
+  if (live_blocks != live_.size()) broken(device_, "the live table holds blocks that are not in any segment");
+  std::size_t indexed[2] = {0, 0};
+  for (int p = 0; p < kPoolKinds; ++p) {
+    indexed[0] += unsettled_[p].size();
+    indexed[1] += settled_[p].size();
+  }
+  if (indexed[0] != free_blocks[0] || indexed[1] != free_blocks[1]) broken(device_, "a free index holds stale blocks");
+
+  Totals all;
+  for (int p = 1; p < kPoolKinds; ++p) {
+#define STREAMALLOC_SUM(name, kind, help) all.name += pools[p].name;
+    STREAMALLOC_POOL_STATS(STREAMALLOC_SUM)
+#undef STREAMALLOC_SUM
+  }
+  pools[0] = all;
+  static const char* const kPoolNames[] = {"all", "small_pool", "large_pool"};
+  for (int p = 0; p < kPoolKinds; ++p) {
+#define STREAMALLOC_CHECK(name, kind, help) \
+  check_stat(device_, (std::string(#name ".") + kPoolNames[p]).c_str(), stats_.name[p], pools[p].name, !accumulated_reset_);
+    STREAMALLOC_POOL_STATS(STREAMALLOC_CHECK)
+#undef STREAMALLOC_CHECK
+  }
+  check_stat(device_, "pending_blocks", stats_.pending_blocks, pending_blocks, !accumulated_reset_);
+  check_stat(device_, "pending_bytes", stats_.pending_bytes, pending_bytes, !accumulated_reset_);
+  check_stat(device_, "oversize_allocations", stats_.oversize_allocations, oversize_allocations, !accumulated_reset_);
+  check_stat(device_, "oversize_segments", stats_.oversize_segments, oversize_segments, !accumulated_reset_);
+}
+
+}  // namespace streamalloc

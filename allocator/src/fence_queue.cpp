@@ -1,0 +1,105 @@
+#include "fence_queue.hpp"
+
+namespace streamalloc {
+
+EventPool::~EventPool() {
+  for (Event event : free_) {
+    try {
+      backend_.destroy_event(device_, event);
+    } catch (...) {
+      // Destroying events at teardown must not throw; the runtime may already be gone.
+    }
+  }
+}
+
+Event EventPool::acquire() {
+  if (!free_.empty()) {
+    Event event = free_.back();
+    free_.pop_back();
+    return event;
+  }
+  ++created_;
+  return backend_.create_event(device_);
+}
+
+bool FenceQueue::close_batch(Backend& backend, EventPool& pool, int device) {
+  if (!open_has_members_) return false;
+  Fence fence;
+  fence.seq = open_seq_;
+  fence.event = pool.acquire();
+  try {
+    backend.record_event(device, fence.event, stream_);
+  } catch (...) {
+    pool.release(fence.event);  // the batch stays open; a later close retries
+    throw;
+  }
+  fence.pending.swap(open_pending_);
+  fence.recorded_at = Clock::now();
+  in_flight_.push_back(std::move(fence));
+  ++open_seq_;
+  open_has_members_ = false;
+  return true;
+}
+
+bool FenceQueue::pop_completed(Backend& backend, int device, Fence* out, std::uint64_t* queries) {
+  if (in_flight_.empty()) return false;
+  ++*queries;
+  if (!backend.query_event(device, in_flight_.front().event)) return false;
+  *out = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  mark_completed(out->seq);
+  return true;
+}
+
+void FenceQueue::synchronize_all(Backend& backend, int device, std::vector<Fence>* out) {
+  while (!in_flight_.empty()) {
+    backend.synchronize_event(device, in_flight_.front().event);
+    mark_completed(in_flight_.front().seq);
+    out->push_back(std::move(in_flight_.front()));
+    in_flight_.pop_front();
+  }
+}
+
+const Fence* FenceQueue::find(std::uint64_t seq) const {
+  for (const Fence& fence : in_flight_) {
+    if (fence.seq == seq) return &fence;
+  }
+  return nullptr;
+}
+
+void FenceQueue::settle_list_insert(Block* block) {
+  // Blocks almost always join with the newest sequence number, so search from the tail.
+  Block* after = settle_tail_;
+  while (after != nullptr && after->settle_seq > block->settle_seq) after = after->settle_prev;
+  block->settle_prev = after;
+  block->settle_next = after ? after->settle_next : settle_head_;
+  if (block->settle_next) {
+    block->settle_next->settle_prev = block;
+  } else {
+    settle_tail_ = block;
+  }
+  if (after) {
+    after->settle_next = block;
+  } else {
+    settle_head_ = block;
+  }
+  block->in_settle_list = true;
+}
+
+void FenceQueue::settle_list_remove(Block* block) {
+  if (!block->in_settle_list) return;
+  if (block->settle_prev) {
+    block->settle_prev->settle_next = block->settle_next;
+  } else {
+    settle_head_ = block->settle_next;
+  }
+  if (block->settle_next) {
+    block->settle_next->settle_prev = block->settle_prev;
+  } else {
+    settle_tail_ = block->settle_prev;
+  }
+  block->settle_prev = block->settle_next = nullptr;
+  block->in_settle_list = false;
+}
+
+}  // namespace streamalloc

@@ -1,0 +1,109 @@
+// Fences: per (device, stream), a FIFO of events that each cover a batch of frees.
+//
+// A free joins the stream's *open batch* (sequence number open_seq). Closing the batch records one
+// event on the stream; that event is a valid fence for every free in the batch, because an event
+// recorded later than a free only waits for a little more work. Fences complete in stream order, so
+// they are polled oldest-first and polling stops at the first one that has not completed; each
+// stream's queue is independent, so one slow stream never holds up another.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "block.hpp"
+#include "streamalloc/backend.hpp"
+#include "streamalloc/stats.hpp"
+
+namespace streamalloc {
+
+// Events are created once and reused, so the hot path never creates one when the pool has one.
+class EventPool {
+ public:
+  EventPool(Backend& backend, int device) : backend_(backend), device_(device) {}
+  ~EventPool();
+  EventPool(const EventPool&) = delete;
+  EventPool& operator=(const EventPool&) = delete;
+
+  Event acquire();
+  void release(Event event) { free_.push_back(event); }
+  std::size_t created() const { return created_; }
+
+ private:
+  Backend& backend_;
+  int device_;
+  std::vector<Event> free_;
+  std::size_t created_ = 0;
+};
+
+struct Fence {
+  std::uint64_t seq = 0;
+  Event event = nullptr;
+  std::vector<Block*> pending;  // pending blocks waiting on this fence
+  Clock::time_point recorded_at{};
+  bool audited_late = false;    // the audit already reported this fence as long-pending
+};
+
+class FenceQueue {
+ public:
+  explicit FenceQueue(Stream stream) : stream_(stream) {}
+
+  Stream stream() const { return stream_; }
+  std::uint64_t open_seq() const { return open_seq_; }
+  std::uint64_t completed_seq() const { return completed_seq_; }
+  // Highest sequence number that has a recorded fence (open_seq - 1).
+  std::uint64_t closed_seq() const { return open_seq_ - 1; }
+  bool has_open_batch() const { return open_has_members_; }
+  const std::deque<Fence>& in_flight() const { return in_flight_; }
+  const std::vector<Block*>& open_pending() const { return open_pending_; }
+
+  // A block freed on this stream (its allocation stream) joins the open batch; returns the sequence
+  // number whose fence settles it.
+  std::uint64_t join_as_owner() {
+    open_has_members_ = true;
+    return open_seq_;
+  }
+  // A pending block that was used on this stream waits for the open batch's fence.
+  void join_as_user(Block* block) {
+    open_has_members_ = true;
+    open_pending_.push_back(block);
+    pending_.pending_blocks.increase(1);
+    pending_.pending_bytes.increase(static_cast<std::int64_t>(block->size));
+  }
+
+  // Record one event covering the open batch. No-op when the batch is empty.
+  bool close_batch(Backend& backend, EventPool& pool, int device);
+  // Pop the oldest in-flight fence if it has completed; returns false when none has.
+  bool pop_completed(Backend& backend, int device, Fence* out, std::uint64_t* queries);
+  // Host-wait for every in-flight fence and pop them all (oldest first) into `out`.
+  void synchronize_all(Backend& backend, int device, std::vector<Fence>* out);
+  // Pop the fence with sequence `seq` (after the caller waited on it); used by the GPU-wait path.
+  const Fence* find(std::uint64_t seq) const;
+  void mark_completed(std::uint64_t seq) {
+    if (seq > completed_seq_) completed_seq_ = seq;
+  }
+  void note_pending_released(const Block* block) {
+    pending_.pending_blocks.decrease(1);
+    pending_.pending_bytes.decrease(static_cast<std::int64_t>(block->size));
+  }
+  StreamPending& pending_stats() { return pending_; }
+  const StreamPending& pending_stats() const { return pending_; }
+
+  // ---- unsettled free blocks owned by this stream, kept in settle_seq order ----
+  void settle_list_insert(Block* block);
+  void settle_list_remove(Block* block);
+  Block* settle_list_head() const { return settle_head_; }
+
+ private:
+  Stream stream_;
+  std::uint64_t open_seq_ = 1;
+  std::uint64_t completed_seq_ = 0;
+  bool open_has_members_ = false;
+  std::vector<Block*> open_pending_;
+  std::deque<Fence> in_flight_;
+  StreamPending pending_;
+  Block* settle_head_ = nullptr;
+  Block* settle_tail_ = nullptr;
+};
+
+}  // namespace streamalloc

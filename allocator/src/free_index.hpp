@@ -1,0 +1,50 @@
+// FreeIndex: free blocks ordered by (key, size, address) for O(log n) best fit within one key.
+// The key is the owner stream for unsettled blocks, and one shared key for settled blocks (or the
+// owner stream under cross_stream_reuse:never, where settled blocks still stay with their stream).
+#pragma once
+
+#include <cstddef>
+#include <set>
+
+#include "block.hpp"
+
+namespace streamalloc {
+
+class FreeIndex {
+ public:
+  void insert(Block* block, Stream key) {
+    block->index_key = key;
+    blocks_.insert(block);
+  }
+  void erase(Block* block) { blocks_.erase(block); }
+
+  // The smallest block of `key` with size >= `size`, or nullptr.
+  Block* best_fit(Stream key, std::size_t size) const {
+    Block probe;
+    probe.index_key = key;
+    probe.size = size;
+    probe.address = 0;
+    auto it = blocks_.lower_bound(&probe);
+    if (it == blocks_.end() || (*it)->index_key != key) return nullptr;
+    return *it;
+  }
+
+  std::size_t size() const { return blocks_.size(); }
+  bool contains(Block* block) const { return blocks_.count(block) != 0; }
+  template <typename F>
+  void for_each(F&& f) const {
+    for (Block* b : blocks_) f(b);
+  }
+
+ private:
+  struct Order {
+    bool operator()(const Block* a, const Block* b) const {
+      if (a->index_key != b->index_key) return a->index_key < b->index_key;
+      if (a->size != b->size) return a->size < b->size;
+      return a->address < b->address;
+    }
+  };
+  std::set<Block*, Order> blocks_;
+};
+
+}  // namespace streamalloc

@@ -1,0 +1,523 @@
+// SimBackend mechanics. The model (what a stream, an event and a wait mean) is documented in
+// sim_backend.hpp; this file explains how it is kept consistent under threads.
+//
+// Locking: one mutex guards all state. Host functions (user work, memsets) run with the mutex released,
+// so a slow "kernel" never stalls other streams. A per-stream `running` flag is set while one of its
+// host functions runs: only that thread may pop the stream's next item, which keeps each stream
+// strictly in order when several threads advance it. A thread that finds a stream running waits on
+// `stream_idle` and re-checks.
+//
+// Events: each record takes the event's next generation number. An event keeps the generations that
+// are enqueued but have not run yet (`outstanding`, with the stream holding each). A record, or a wait
+// that captured a generation, is complete when that generation is no longer outstanding. Tracking
+// generations one by one, rather than "highest completed", keeps waits exact when one event is
+// re-recorded on a different stream whose record runs first.
+//
+// Host waits (synchronize_event/stream/all, release, eager enqueues) may run other streams: a wait at
+// the front of a stream refers to a record enqueued before it, so the recursion over the wait graph
+// always reaches streams with runnable fronts and terminates.
+#include "streamalloc/sim_backend.hpp"
+
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace streamalloc {
+namespace {
+
+constexpr std::size_t kAlignment = 512;  // what cudaMalloc guarantees (and more)
+
+std::string hex(std::uintptr_t value) {
+  char buf[2 + 2 * sizeof value + 1];
+  std::snprintf(buf, sizeof buf, "0x%jx", static_cast<std::uintmax_t>(value));
+  return buf;
+}
+std::string hex(const void* ptr) { return hex(reinterpret_cast<std::uintptr_t>(ptr)); }
+
+struct StreamQueue;
+
+struct SimEvent {
+  int device = 0;
+  std::uint64_t last_recorded = 0;  // generation of the last record; 0 = never recorded
+  // Enqueued records that have not run, with their stream. Usually empty or one entry; a vector so
+  // that a pooled event keeps its capacity and steady-state records allocate nothing.
+  std::vector<std::pair<std::uint64_t, StreamQueue*>> outstanding;
+
+  bool completed(std::uint64_t generation) const {
+    for (const auto& [gen, queue] : outstanding) {
+      if (gen == generation) return false;
+    }
+    return true;
+  }
+};
+
+struct Item {
+  enum class Kind { kWork, kRecord, kWait };
+  Kind kind = Kind::kWork;
+  std::function<void()> work;        // kWork (user work and memsets)
+  std::shared_ptr<SimEvent> event;   // kRecord, kWait: keeps a destroyed event alive until run
+  std::uint64_t generation = 0;      // kRecord: this record's; kWait: the awaited record's
+};
+
+struct StreamQueue {
+  int device = 0;
+  std::deque<Item> items;
+  // Items ever enqueued / ever finished. Runs are in FIFO order, so "everything enqueued before
+  // time t has run" is `finished >= enqueued at t`: host waits never chase work enqueued later.
+  std::uint64_t enqueued = 0;
+  std::uint64_t finished = 0;
+  bool running = false;    // a thread is running this stream's host function right now
+  bool capturing = false;  // set_capturing()
+};
+
+struct DeviceState {
+  std::size_t limit = 0;
+  std::size_t reserved = 0;
+  std::map<std::uintptr_t, std::size_t> allocations;  // address -> bytes; ordered for range checks
+  StreamQueue default_stream;
+  int capturing_streams = 0;
+};
+
+}  // namespace
+
+struct SimBackend::State {
+  using Lock = std::unique_lock<std::mutex>;
+
+  Config config;
+  std::mutex mutex;
+  std::condition_variable stream_idle;  // a stream's host function finished
+  std::vector<DeviceState> devices;
+  std::unordered_map<Stream, StreamQueue> streams;  // non-default streams; nodes never move
+  std::unordered_map<Event, std::shared_ptr<SimEvent>> events;
+  Stream next_stream = 1;
+  Counters counters;
+
+  bool eager() const { return config.mode == Mode::kEager; }
+
+  DeviceState& device(int index, const char* call) {
+    if (index < 0 || index >= static_cast<int>(devices.size())) {
+      throw Error(ErrorCode::kBackend, std::string("SimBackend::") + call + ": device " +
+                                           std::to_string(index) + " does not exist (the simulated device has " +
+                                           std::to_string(devices.size()) + " device(s))");
+    }
+    return devices[static_cast<std::size_t>(index)];
+  }
+
+  // The queue of (device, stream); a stream value never seen before is adopted as a stream of `index`.
+  StreamQueue& queue(int index, Stream stream, const char* call) {
+    DeviceState& dev = device(index, call);
+    if (stream == 0) return dev.default_stream;
+    auto [it, adopted] = streams.try_emplace(stream);
+    if (adopted) it->second.device = index;
+    check_owner(it->second, index, stream, call);
+    return it->second;
+  }
+
+  // As queue(), without adopting: nullptr for a stream value never seen.
+  const StreamQueue* find_queue(int index, Stream stream, const char* call) {
+    DeviceState& dev = device(index, call);
+    if (stream == 0) return &dev.default_stream;
+    auto it = streams.find(stream);
+    if (it == streams.end()) return nullptr;
+    check_owner(it->second, index, stream, call);
+    return &it->second;
+  }
+
+  static void check_owner(const StreamQueue& q, int index, Stream stream, const char* call) {
+    if (q.device == index) return;
+    throw Error(ErrorCode::kBackend, std::string("SimBackend::") + call + ": stream " + hex(stream) +
+                                         " belongs to device " + std::to_string(q.device) + ", not device " +
+                                         std::to_string(index) + " (pass the device the stream was created on)");
+  }
+
+  const std::shared_ptr<SimEvent>& event(int index, Event handle, const char* call, bool check_device) {
+    device(index, call);
+    auto it = events.find(handle);
+    if (it == events.end()) {
+      throw Error(ErrorCode::kBackend, std::string("SimBackend::") + call + ": unknown event " + hex(handle) +
+                                           " (never created by this backend, or already destroyed)");
+    }
+    if (check_device && it->second->device != index) {
+      throw Error(ErrorCode::kBackend, std::string("SimBackend::") + call + ": event " + hex(handle) +
+                                           " was created on device " + std::to_string(it->second->device) +
+                                           ", not device " + std::to_string(index));
+    }
+    return it->second;
+  }
+
+  void note_capture_violation(int index) {
+    if (devices[static_cast<std::size_t>(index)].capturing_streams > 0) ++counters.capture_violations;
+  }
+
+  // Runs `fn` as the host function of `q` with the lock released; `q` must be idle.
+  void run_host(Lock& lock, StreamQueue& q, const std::function<void()>& fn) {
+    q.running = true;
+    lock.unlock();
+    try {
+      fn();
+    } catch (...) {
+      lock.lock();
+      q.running = false;
+      ++q.finished;
+      stream_idle.notify_all();
+      throw;
+    }
+    lock.lock();
+    q.running = false;
+    ++q.finished;
+    stream_idle.notify_all();
+  }
+
+  // Pops and runs the front item of `q`, which must be idle, non-empty and not blocked.
+  void run_front(Lock& lock, StreamQueue& q) {
+    Item item = std::move(q.items.front());
+    q.items.pop_front();
+    switch (item.kind) {
+      case Item::Kind::kWork:
+        run_host(lock, q, item.work);
+        return;
+      case Item::Kind::kRecord: {
+        auto& pending = item.event->outstanding;
+        for (auto it = pending.begin(); it != pending.end(); ++it) {
+          if (it->first == item.generation) {
+            pending.erase(it);
+            break;
+          }
+        }
+        break;
+      }
+      case Item::Kind::kWait:
+        break;
+    }
+    ++q.finished;
+  }
+
+  // Runs items of `q` until `done()` holds, `limit` items ran here, the queue is empty, or (without
+  // `cross`) an unsatisfied wait is at the front. With `cross`, the awaited streams are run too.
+  template <typename Done>
+  std::size_t drain(Lock& lock, StreamQueue& q, std::size_t limit, bool cross, Done done) {
+    std::size_t ran = 0;
+    while (ran < limit && !done()) {
+      if (q.running) {  // another thread is inside this stream's host function; keep order
+        stream_idle.wait(lock);
+        continue;
+      }
+      if (q.items.empty()) break;
+      const Item& front = q.items.front();
+      if (front.kind == Item::Kind::kWait && !front.event->completed(front.generation)) {
+        if (!cross) break;
+        complete(lock, front.event, front.generation);  // copies: `front` may go while unlocked
+        continue;
+      }
+      run_front(lock, q);
+      ++ran;
+    }
+    return ran;
+  }
+
+  // Host wait: runs whatever streams are needed until record `generation` of `event` has run.
+  void complete(Lock& lock, std::shared_ptr<SimEvent> event, std::uint64_t generation) {
+    while (!event->completed(generation)) {
+      StreamQueue* holder = nullptr;
+      for (const auto& [gen, q] : event->outstanding) {
+        if (gen == generation) holder = q;
+      }
+      drain(lock, *holder, SIZE_MAX, true, [&] { return event->completed(generation); });
+    }
+  }
+
+  // Host wait: runs `q` (and what it waits on) until everything enqueued on it so far has run.
+  void finish(Lock& lock, StreamQueue& q) {
+    const std::uint64_t target = q.enqueued;
+    drain(lock, q, SIZE_MAX, true, [&] { return q.finished >= target; });
+  }
+
+  void push(Lock& lock, StreamQueue& q, Item item) {
+    q.items.push_back(std::move(item));
+    ++q.enqueued;
+    if (eager()) finish(lock, q);
+  }
+
+  // Eager mode on an idle stream: the item would run at once anyway, so skip the queue.
+  bool idle_eager(const StreamQueue& q) const { return eager() && q.items.empty() && !q.running; }
+
+  void enqueue_host(Lock& lock, StreamQueue& q, std::function<void()> fn) {
+    if (idle_eager(q)) {
+      ++q.enqueued;  // counted, so a concurrent synchronize_stream waits for it
+      run_host(lock, q, fn);
+      return;
+    }
+    Item item;
+    item.kind = Item::Kind::kWork;
+    item.work = std::move(fn);
+    push(lock, q, std::move(item));
+  }
+
+  std::vector<StreamQueue*> queues_of(int index) {  // index < 0: every device
+    std::vector<StreamQueue*> out;
+    for (std::size_t d = 0; d < devices.size(); ++d) {
+      if (index < 0 || static_cast<int>(d) == index) out.push_back(&devices[d].default_stream);
+    }
+    for (auto& [value, q] : streams) {
+      if (index < 0 || q.device == index) out.push_back(&q);
+    }
+    return out;
+  }
+
+  // Like cudaDeviceSynchronize: everything enqueued so far on the device(s) runs.
+  void finish_all(Lock& lock, int index) {
+    std::vector<std::pair<StreamQueue*, std::uint64_t>> targets;
+    for (StreamQueue* q : queues_of(index)) targets.emplace_back(q, q->enqueued);
+    for (auto& [q, target] : targets) {
+      StreamQueue& queue = *q;
+      drain(lock, queue, SIZE_MAX, true, [&] { return queue.finished >= target; });
+    }
+  }
+};
+
+SimBackend::SimBackend() : SimBackend(Config{}) {}
+
+SimBackend::SimBackend(Config config) : state_(std::make_unique<State>()) {
+  if (config.device_count < 1) {
+    throw Error(ErrorCode::kConfig, "SimBackend: device_count must be at least 1, got " +
+                                        std::to_string(config.device_count));
+  }
+  state_->config = config;
+  state_->devices.resize(static_cast<std::size_t>(config.device_count));
+  for (std::size_t d = 0; d < state_->devices.size(); ++d) {
+    state_->devices[d].limit = config.memory_per_device;
+    state_->devices[d].default_stream.device = static_cast<int>(d);
+  }
+}
+
+SimBackend::~SimBackend() {
+  // Queued work is dropped unrun; memory the caller never released (leak tests) is freed here.
+  for (DeviceState& dev : state_->devices) {
+    for (const auto& [address, bytes] : dev.allocations) std::free(reinterpret_cast<void*>(address));
+  }
+}
+
+std::string SimBackend::name() const { return "sim"; }
+
+int SimBackend::device_count() const { return state_->config.device_count; }
+
+void* SimBackend::reserve(int device, std::size_t bytes) {
+  State::Lock lock(state_->mutex);
+  DeviceState& dev = state_->device(device, "reserve");
+  if (bytes == 0) {
+    throw Error(ErrorCode::kBackend, "SimBackend::reserve(device " + std::to_string(device) +
+                                         "): zero-byte reservation requested");
+  }
+  ++state_->counters.reserve_calls;
+  if (dev.reserved > dev.limit || bytes > dev.limit - dev.reserved) return nullptr;
+  const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  if (rounded < bytes) return nullptr;  // overflow: cannot exist
+  void* ptr = std::aligned_alloc(kAlignment, rounded);
+  if (ptr == nullptr) return nullptr;  // the host itself is out of memory: the same outcome
+  dev.allocations.emplace(reinterpret_cast<std::uintptr_t>(ptr), bytes);
+  dev.reserved += bytes;
+  return ptr;
+}
+
+void SimBackend::release(int device, void* ptr, std::size_t bytes) {
+  State::Lock lock(state_->mutex);
+  DeviceState& dev = state_->device(device, "release");
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  auto check = [&](std::map<std::uintptr_t, std::size_t>::iterator it) {
+    const std::string call = "SimBackend::release(device " + std::to_string(device) + ", " + hex(ptr) + ", " +
+                             std::to_string(bytes) + ")";
+    if (it == dev.allocations.end()) {
+      throw Error(ErrorCode::kBackend,
+                  call + ": pointer was not returned by reserve() on this device (double release or foreign pointer)");
+    }
+    if (it->second != bytes) {
+      throw Error(ErrorCode::kBackend,
+                  call + ": the reservation has " + std::to_string(it->second) + " bytes; pass the reserved size");
+    }
+  };
+  check(dev.allocations.find(address));
+  ++state_->counters.release_calls;
+  // cudaFree synchronizes the device: work still queued for this memory runs before it goes.
+  state_->finish_all(lock, device);
+  auto it = dev.allocations.find(address);
+  check(it);  // again: another thread may have released it while the streams ran unlocked
+  dev.allocations.erase(it);
+  dev.reserved -= bytes;
+  std::free(ptr);
+}
+
+Event SimBackend::create_event(int device) {
+  auto event = std::make_shared<SimEvent>();
+  event->device = device;
+  State::Lock lock(state_->mutex);
+  state_->device(device, "create_event");
+  ++state_->counters.events_created;
+  Event handle = event.get();
+  state_->events.emplace(handle, std::move(event));
+  return handle;
+}
+
+void SimBackend::destroy_event(int device, Event event) {
+  State::Lock lock(state_->mutex);
+  state_->event(device, event, "destroy_event", true);
+  ++state_->counters.events_destroyed;
+  state_->events.erase(event);  // queued records/waits still hold it (CUDA allows destroying early)
+}
+
+void SimBackend::record_event(int device, Event event, Stream stream) {
+  State::Lock lock(state_->mutex);
+  const std::shared_ptr<SimEvent>& ev = state_->event(device, event, "record_event", true);
+  StreamQueue& q = state_->queue(device, stream, "record_event");
+  ++state_->counters.event_records;
+  const std::uint64_t generation = ++ev->last_recorded;
+  if (state_->idle_eager(q)) return;  // nothing ahead of it: complete now, no queue item
+  ev->outstanding.emplace_back(generation, &q);
+  Item item;
+  item.kind = Item::Kind::kRecord;
+  item.event = ev;
+  item.generation = generation;
+  state_->push(lock, q, std::move(item));
+}
+
+bool SimBackend::query_event(int device, Event event) {
+  State::Lock lock(state_->mutex);
+  const std::shared_ptr<SimEvent>& ev = state_->event(device, event, "query_event", true);
+  ++state_->counters.event_queries;
+  state_->note_capture_violation(device);
+  return ev->completed(ev->last_recorded);
+}
+
+void SimBackend::synchronize_event(int device, Event event) {
+  State::Lock lock(state_->mutex);
+  std::shared_ptr<SimEvent> ev = state_->event(device, event, "synchronize_event", true);
+  ++state_->counters.event_synchronizes;
+  state_->note_capture_violation(device);
+  const std::uint64_t generation = ev->last_recorded;
+  state_->complete(lock, std::move(ev), generation);
+}
+
+void SimBackend::stream_wait_event(int device, Stream stream, Event event) {
+  State::Lock lock(state_->mutex);
+  // No device check on the event: a stream may wait on an event of another device, as in CUDA.
+  const std::shared_ptr<SimEvent>& ev = state_->event(device, event, "stream_wait_event", false);
+  StreamQueue& q = state_->queue(device, stream, "stream_wait_event");
+  ++state_->counters.stream_waits;
+  if (ev->completed(ev->last_recorded)) return;  // nothing to wait for: a no-op, as on a device
+  Item item;
+  item.kind = Item::Kind::kWait;
+  item.event = ev;
+  item.generation = ev->last_recorded;
+  state_->push(lock, q, std::move(item));
+}
+
+bool SimBackend::is_capturing(int device, Stream stream) {
+  State::Lock lock(state_->mutex);
+  return state_->queue(device, stream, "is_capturing").capturing;
+}
+
+void SimBackend::memset_async(int device, void* ptr, int value, std::size_t bytes, Stream stream) {
+  State::Lock lock(state_->mutex);
+  DeviceState& dev = state_->device(device, "memset_async");
+  StreamQueue& q = state_->queue(device, stream, "memset_async");
+  // The range must lie inside one reservation, as a kernel would otherwise fault.
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  auto it = dev.allocations.upper_bound(address);  // the first reservation above `address`
+  const bool inside = it != dev.allocations.begin() && bytes <= std::prev(it)->second &&
+                      address - std::prev(it)->first <= std::prev(it)->second - bytes;
+  if (!inside) {
+    throw Error(ErrorCode::kBackend, "SimBackend::memset_async(device " + std::to_string(device) + ", " + hex(ptr) +
+                                         ", " + std::to_string(bytes) +
+                                         " bytes): range is not inside memory reserved on this device");
+  }
+  ++state_->counters.memsets;
+  state_->enqueue_host(lock, q, [ptr, value, bytes] { std::memset(ptr, value, bytes); });
+}
+
+DeviceMemoryInfo SimBackend::memory_info(int device) {
+  State::Lock lock(state_->mutex);
+  const DeviceState& dev = state_->device(device, "memory_info");
+  DeviceMemoryInfo info;
+  info.total_bytes = dev.limit;
+  info.free_bytes = dev.limit > dev.reserved ? dev.limit - dev.reserved : 0;
+  return info;
+}
+
+int SimBackend::stream_device(Stream stream) {
+  if (stream == 0) return -1;  // the default stream exists on every device
+  State::Lock lock(state_->mutex);
+  auto it = state_->streams.find(stream);
+  return it == state_->streams.end() ? -1 : it->second.device;
+}
+
+Stream SimBackend::create_stream(int device) {
+  State::Lock lock(state_->mutex);
+  state_->device(device, "create_stream");
+  while (state_->streams.count(state_->next_stream) != 0) ++state_->next_stream;  // skip adopted values
+  const Stream stream = state_->next_stream++;
+  state_->streams[stream].device = device;
+  return stream;
+}
+
+void SimBackend::enqueue(int device, Stream stream, std::function<void()> work) {
+  State::Lock lock(state_->mutex);
+  StreamQueue& q = state_->queue(device, stream, "enqueue");
+  state_->enqueue_host(lock, q, std::move(work));
+}
+
+std::size_t SimBackend::advance(int device, Stream stream, std::size_t items) {
+  State::Lock lock(state_->mutex);
+  StreamQueue& q = state_->queue(device, stream, "advance");
+  return state_->drain(lock, q, items, false, [] { return false; });
+}
+
+void SimBackend::synchronize_stream(int device, Stream stream) {
+  State::Lock lock(state_->mutex);
+  state_->finish(lock, state_->queue(device, stream, "synchronize_stream"));
+}
+
+void SimBackend::synchronize_all() {
+  State::Lock lock(state_->mutex);
+  state_->finish_all(lock, -1);
+}
+
+std::size_t SimBackend::queued_items(int device, Stream stream) const {
+  State::Lock lock(state_->mutex);
+  const StreamQueue* q = state_->find_queue(device, stream, "queued_items");
+  return q == nullptr ? 0 : static_cast<std::size_t>(q->enqueued - q->finished);
+}
+
+void SimBackend::set_capturing(int device, Stream stream, bool capturing) {
+  State::Lock lock(state_->mutex);
+  StreamQueue& q = state_->queue(device, stream, "set_capturing");
+  if (q.capturing == capturing) return;
+  q.capturing = capturing;
+  state_->devices[static_cast<std::size_t>(device)].capturing_streams += capturing ? 1 : -1;
+}
+
+void SimBackend::set_memory_limit(int device, std::size_t bytes) {
+  State::Lock lock(state_->mutex);
+  state_->device(device, "set_memory_limit").limit = bytes;
+}
+
+std::size_t SimBackend::reserved_bytes(int device) const {
+  State::Lock lock(state_->mutex);
+  return state_->device(device, "reserved_bytes").reserved;
+}
+
+SimBackend::Counters SimBackend::counters() const {
+  State::Lock lock(state_->mutex);
+  return state_->counters;
+}
+
+SimBackend::Mode SimBackend::mode() const { return state_->config.mode; }
+
+}  // namespace streamalloc

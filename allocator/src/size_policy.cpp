@@ -1,0 +1,65 @@
+#include "size_policy.hpp"
+
+namespace streamalloc::size_policy {
+namespace {
+
+std::size_t round_up(std::size_t value, std::size_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+bool is_power_of_two(std::size_t value) { return value != 0 && (value & (value - 1)) == 0; }
+
+std::size_t floor_power_of_two(std::size_t value) {
+  std::size_t power = 1;
+  while (power <= value / 2) power *= 2;
+  return power;
+}
+
+// PyTorch's roundup_power2_next_division: split [2^k, 2^(k+1)) into `divisions` equal steps and
+// round up to the next step, so that nearby sizes share blocks and fragmentation drops.
+std::size_t round_to_power2_division(std::size_t size, std::size_t divisions) {
+  if (is_power_of_two(size)) return size;
+  const std::size_t floor = floor_power_of_two(size);
+  const std::size_t step = floor / divisions;
+  if (step == 0) return floor * 2;
+  return round_up(size, step);
+}
+
+}  // namespace
+
+std::size_t round_size(std::size_t requested, const Options& options) {
+  if (requested < kMinBlockSize) return kMinBlockSize;
+  if (options.roundup_power2_divisions > 1 && requested > kMinBlockSize) {
+    return round_up(round_to_power2_division(requested, options.roundup_power2_divisions), kMinBlockSize);
+  }
+  return round_up(requested, kMinBlockSize);
+}
+
+PoolKind pool_for(std::size_t rounded) {
+  return rounded <= kSmallSize ? PoolKind::kSmall : PoolKind::kLarge;
+}
+
+std::size_t segment_size_for(std::size_t rounded) {
+  if (rounded <= kSmallSize) return kSmallSegment;
+  if (rounded < kMinLargeAlloc) return kLargeSegment;
+  return round_up(rounded, kSegmentRounding);
+}
+
+bool may_serve(std::size_t block_size, std::size_t rounded, const Options& options) {
+  const std::size_t max_split = options.max_split_size_bytes;
+  if (max_split == 0) return true;
+  // Do not carve small requests out of oversize blocks, and do not hand a much larger oversize block
+  // to an oversize request: both strand memory that max_split_size was set to protect.
+  if (rounded < max_split && block_size >= max_split) return false;
+  if (rounded >= max_split && block_size >= rounded + kLargeBuffer) return false;
+  return true;
+}
+
+bool should_split(std::size_t block_size, std::size_t rounded, PoolKind pool, const Options& options) {
+  const std::size_t remaining = block_size - rounded;
+  if (pool == PoolKind::kSmall) return remaining >= kMinBlockSize;
+  const bool oversize = options.max_split_size_bytes != 0 && rounded >= options.max_split_size_bytes;
+  return !oversize && remaining > kSmallSize;
+}
+
+}  // namespace streamalloc::size_policy

@@ -1,0 +1,29 @@
+// Size classes and the split rules: PyTorch's proven numbers (docs/design.md §4).
+#pragma once
+
+#include <cstddef>
+
+#include "streamalloc/options.hpp"
+#include "streamalloc/stats.hpp"
+
+namespace streamalloc::size_policy {
+
+inline constexpr std::size_t kMinBlockSize = 512;            // every size rounds up to this
+inline constexpr std::size_t kSmallSize = 1 * MiB;           // largest request served by small segments
+inline constexpr std::size_t kSmallSegment = 2 * MiB;        // segment size for small requests
+inline constexpr std::size_t kLargeSegment = 20 * MiB;       // segment size for requests below kMinLargeAlloc
+inline constexpr std::size_t kMinLargeAlloc = 10 * MiB;      // from here requests get their own segment
+inline constexpr std::size_t kSegmentRounding = 2 * MiB;     // own segments round up to this
+inline constexpr std::size_t kLargeBuffer = 20 * MiB;        // slack tolerated above max_split_size
+
+// The size a request occupies: 512-byte multiples, or PyTorch's power-of-two divisions when enabled.
+std::size_t round_size(std::size_t requested, const Options& options);
+PoolKind pool_for(std::size_t rounded);
+// Bytes to reserve from the device for a block of `rounded` bytes.
+std::size_t segment_size_for(std::size_t rounded);
+// Whether a free block of `block_size` may serve a request of `rounded` bytes (max_split_size rules).
+bool may_serve(std::size_t block_size, std::size_t rounded, const Options& options);
+// Whether the remainder after carving `rounded` bytes out of `block_size` is worth a block of its own.
+bool should_split(std::size_t block_size, std::size_t rounded, PoolKind pool, const Options& options);
+
+}  // namespace streamalloc::size_policy

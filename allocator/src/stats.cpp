@@ -1,0 +1,84 @@
+// Serialization of DeviceStats. Field names come only from the X-macro lists in stats.hpp, so the
+// struct, the flat torch.cuda.memory_stats() keys and the JSON can never disagree.
+#include "streamalloc/stats.hpp"
+
+#include <cstddef>
+
+#include <nlohmann/json.hpp>
+
+namespace streamalloc {
+namespace {
+
+// PyTorch's StatType order: kAggregate, kSmall, kLarge.
+constexpr const char* kPoolNames[kPoolKinds] = {"all", "small_pool", "large_pool"};
+
+void add_stat(std::map<std::string, std::int64_t>& out, const std::string& prefix, const Stat& stat) {
+  out[prefix + ".current"] = stat.current;
+  out[prefix + ".peak"] = stat.peak;
+  out[prefix + ".allocated"] = stat.allocated;
+  out[prefix + ".freed"] = stat.freed;
+}
+
+void add_pool_stat(std::map<std::string, std::int64_t>& out, const char* name, const StatArray& stats) {
+  for (int pool = 0; pool < kPoolKinds; ++pool) {
+    add_stat(out, std::string(name) + "." + kPoolNames[pool], stats[static_cast<std::size_t>(pool)]);
+  }
+}
+
+nlohmann::json stat_json(const Stat& stat) {
+  return {{"current", stat.current}, {"peak", stat.peak}, {"allocated", stat.allocated}, {"freed", stat.freed}};
+}
+
+}  // namespace
+
+std::map<std::string, std::int64_t> DeviceStats::flat() const {
+  std::map<std::string, std::int64_t> out;
+#define STREAMALLOC_FLATTEN_POOL_STAT(name, kind, help) add_pool_stat(out, #name, name);
+  STREAMALLOC_POOL_STATS(STREAMALLOC_FLATTEN_POOL_STAT)
+#undef STREAMALLOC_FLATTEN_POOL_STAT
+#define STREAMALLOC_FLATTEN_COUNT(name, help) out[#name] = name;
+  STREAMALLOC_EVENT_COUNTS(STREAMALLOC_FLATTEN_COUNT)
+#undef STREAMALLOC_FLATTEN_COUNT
+  for (const auto& [name, stat] : {std::pair<const char*, const Stat&>{"oversize_allocations", oversize_allocations},
+                                   std::pair<const char*, const Stat&>{"oversize_segments", oversize_segments}}) {
+    const std::string prefix = std::string(name) + ".";
+    out[prefix + "current"] = stat.current;
+    out[prefix + "peak"] = stat.peak;
+    out[prefix + "allocated"] = stat.allocated;
+    out[prefix + "freed"] = stat.freed;
+  }
+  out["max_split_size"] = max_split_size;
+  return out;
+}
+
+std::string DeviceStats::to_json() const {
+  nlohmann::json stream_stats = nlohmann::json::object();
+#define STREAMALLOC_JSON_COUNT(name, help) stream_stats[#name] = name;
+  STREAMALLOC_STREAM_COUNTS(STREAMALLOC_JSON_COUNT)
+#undef STREAMALLOC_JSON_COUNT
+  stream_stats["pending_blocks"] = stat_json(pending_blocks);
+  stream_stats["pending_bytes"] = stat_json(pending_bytes);
+
+  nlohmann::json histogram = nlohmann::json::array();
+  for (std::size_t i = 0; i < kLatencyBucketUs.size(); ++i) {
+    const bool last = i + 1 == kLatencyBucketUs.size();  // open-ended: "the rest"
+    histogram.push_back({{"below_us", last ? nlohmann::json(nullptr) : nlohmann::json(kLatencyBucketUs[i])},
+                         {"count", free_to_reusable_us[i]}});
+  }
+  stream_stats["free_to_reusable_us"] = std::move(histogram);
+
+  nlohmann::json streams = nlohmann::json::array();
+  for (const auto& [stream, pending] : per_stream) {
+    streams.push_back({{"stream", stream},
+                       {"pending_blocks", stat_json(pending.pending_blocks)},
+                       {"pending_bytes", stat_json(pending.pending_bytes)}});
+  }
+  stream_stats["per_stream"] = std::move(streams);
+
+  nlohmann::json root = nlohmann::json::object();
+  root["memory_stats"] = flat();
+  root["stream_stats"] = std::move(stream_stats);
+  return root.dump();
+}
+
+}  // namespace streamalloc

@@ -1,0 +1,124 @@
+// The C ABI on the simulated device: the hooks PyTorch calls, the JSON reports, and error reporting
+// without exceptions. ctest runs each test in its own process, so the process-wide allocator is fresh.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "streamalloc/streamalloc.h"
+
+namespace {
+
+struct CApi : ::testing::Test {
+  void SetUp() override {
+    streamalloc_shutdown();
+    ASSERT_EQ(streamalloc_configure("backend:sim,sim_memory_mb:256,log_level:off"), 0) << streamalloc_last_error();
+  }
+  void TearDown() override { streamalloc_shutdown(); }
+  static streamalloc_stream_t stream(std::uintptr_t id) { return reinterpret_cast<streamalloc_stream_t>(id); }
+  static nlohmann::json take_json(char* s) {
+    EXPECT_NE(s, nullptr) << streamalloc_last_error();
+    nlohmann::json j = nlohmann::json::parse(s ? s : "{}");
+    streamalloc_free_string(s);
+    return j;
+  }
+};
+
+TEST_F(CApi, MallocFreeRecordStream) {
+  void* p = streamalloc_malloc(1000, 0, stream(0));
+  ASSERT_NE(p, nullptr) << streamalloc_last_error();
+  EXPECT_EQ(streamalloc_backend_is_cuda(), 0);
+  streamalloc_record_stream(p, stream(0x1234));
+  streamalloc_free(p, 1000, 0, stream(0));
+  EXPECT_EQ(streamalloc_last_error_code(), 0) << streamalloc_last_error();
+  EXPECT_EQ(streamalloc_validate(), 0) << streamalloc_last_error();
+  const auto stats = take_json(streamalloc_stats_json(0));
+  EXPECT_EQ(stats["stream_stats"]["record_stream_calls"], 1);
+  EXPECT_EQ(stats["memory_stats"]["allocation.all.allocated"], 1);
+}
+
+TEST_F(CApi, ErrorsAreReportedNotThrown) {
+  void* p = streamalloc_malloc(1000, 0, stream(0));
+  streamalloc_free(p, 1000, 0, stream(0));
+  streamalloc_free(p, 1000, 0, stream(0));
+  EXPECT_EQ(streamalloc_last_error_code(), 2);
+  EXPECT_NE(std::string(streamalloc_last_error()).find("double free"), std::string::npos);
+  EXPECT_EQ(streamalloc_malloc(std::size_t{1} << 40, 0, stream(0)), nullptr);
+  EXPECT_EQ(streamalloc_last_error_code(), 1);
+  EXPECT_NE(std::string(streamalloc_last_error()).find("larger than the device"), std::string::npos);
+  EXPECT_NE(streamalloc_malloc(64, 0, stream(0)), nullptr);
+  EXPECT_EQ(streamalloc_last_error_code(), 0) << "a successful call clears the last error";
+  EXPECT_EQ(streamalloc_malloc(0, 0, stream(0)), nullptr);
+  EXPECT_EQ(streamalloc_last_error_code(), 0) << "size 0 is not an error";
+}
+
+TEST_F(CApi, ConfigureRejectsBadOptionsAndLateChanges) {
+  streamalloc_shutdown();
+  EXPECT_EQ(streamalloc_configure("no_such_key:1"), -1);
+  EXPECT_EQ(streamalloc_last_error_code(), 3);
+  EXPECT_NE(std::string(streamalloc_last_error()).find("no_such_key"), std::string::npos);
+  ASSERT_EQ(streamalloc_configure("backend:sim,log_level:off"), 0);
+  void* p = streamalloc_malloc(10, 0, stream(0));
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(streamalloc_configure("backend:sim,log_level:off"), 0) << "same options: accepted";
+  EXPECT_EQ(streamalloc_configure("backend:sim,cross_stream_reuse:never"), -1);
+  EXPECT_NE(std::string(streamalloc_last_error()).find("already in use"), std::string::npos);
+  streamalloc_free(p, 10, 0, stream(0));
+}
+
+TEST_F(CApi, ShutdownRefusesLaterCalls) {
+  void* p = streamalloc_malloc(10, 0, stream(0));
+  streamalloc_shutdown();
+  EXPECT_EQ(streamalloc_malloc(10, 0, stream(0)), nullptr);
+  EXPECT_EQ(streamalloc_last_error_code(), 5);
+  streamalloc_free(p, 10, 0, stream(0));
+  EXPECT_EQ(streamalloc_last_error_code(), 5);
+}
+
+TEST_F(CApi, SnapshotHasMemoryVizShapeAndStreamFields) {
+  void* p = streamalloc_malloc(4096, 0, stream(7));
+  streamalloc_record_stream(p, stream(9));
+  const auto snap = take_json(streamalloc_snapshot_json());
+  ASSERT_EQ(snap["segments"].size(), 1u);
+  const auto& seg = snap["segments"][0];
+  EXPECT_EQ(seg["segment_type"], "small");
+  EXPECT_EQ(seg["total_size"], 2 * 1024 * 1024);
+  const auto& block = seg["blocks"][0];
+  EXPECT_EQ(block["state"], "active_allocated");
+  EXPECT_EQ(block["allocation_stream"], 7);
+  EXPECT_EQ(block["recorded_streams"], nlohmann::json::array({9}));
+  EXPECT_EQ(block["requested_size"], 4096);
+  EXPECT_EQ(seg["blocks"][1]["state"], "inactive");
+  streamalloc_free(p, 4096, 0, stream(7));
+  const auto after = take_json(streamalloc_snapshot_json());
+  EXPECT_EQ(after["segments"][0]["blocks"][0]["state"], "active_pending_free");
+  EXPECT_EQ(after["segments"][0]["blocks"][0]["pending_fences"], 1);
+}
+
+TEST_F(CApi, BaseAllocFindsTheSegment) {
+  auto* p = static_cast<char*>(streamalloc_malloc(4096, 0, stream(0)));
+  auto* q = static_cast<char*>(streamalloc_malloc(4096, 0, stream(0)));
+  size_t size = 0;
+  EXPECT_EQ(streamalloc_base_alloc(q, &size), p);
+  EXPECT_EQ(size, 2u * 1024 * 1024);
+  int x = 0;
+  EXPECT_EQ(streamalloc_base_alloc(&x, &size), nullptr);
+  EXPECT_EQ(streamalloc_last_error_code(), 2);
+}
+
+TEST_F(CApi, OptionsJsonAndEmptyCache) {
+  void* p = streamalloc_malloc(64 << 20, 0, stream(0));
+  streamalloc_free(p, 64 << 20, 0, stream(0));
+  streamalloc_empty_cache();
+  auto stats = take_json(streamalloc_stats_json(0));
+  EXPECT_EQ(stats["memory_stats"]["reserved_bytes.all.current"], 0);
+  const auto options = take_json(streamalloc_options_json());
+  EXPECT_EQ(options["backend_in_use"], "sim");
+  EXPECT_EQ(options["cross_stream_reuse"], "settled");
+  streamalloc_set_memory_fraction(2.0, 0);
+  EXPECT_EQ(streamalloc_last_error_code(), 2);
+  streamalloc_init(1);
+  EXPECT_EQ(streamalloc_last_error_code(), 0);
+}
+
+}  // namespace

@@ -1,0 +1,384 @@
+// One test per stream rule of docs/design.md §3, on the simulated device in manual mode, where the
+// test decides when each stream's work runs.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "sim_fixture.hpp"
+
+namespace streamalloc::testing {
+namespace {
+
+constexpr std::size_t kBig = 64 * MiB;  // own segment: deterministic addresses
+
+TEST(StreamRules, Rule1_MallocIsSafeForItsStreamAndAligned) {
+  SimSetup s("");
+  const Stream a = s.sim->create_stream();
+  void* p = s.a().allocate(1000, 0, a);
+  void* q = s.a().allocate(1000, 0, a);
+  ASSERT_NE(p, nullptr);
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % 512, 0u);
+  EXPECT_NE(p, q);
+  EXPECT_EQ(s.a().allocate(0, 0, a), nullptr) << "size 0 returns nullptr";
+  EXPECT_EQ(s.a().requested_size_of(p), 1000u);
+  s.a().validate();
+}
+
+TEST(StreamRules, Rule2_RecordStreamCountsMisuseWithoutFailing) {
+  SimSetup s("");
+  const Stream a = s.sim->create_stream();
+  const Stream b = s.sim->create_stream();
+  void* p = s.a().allocate(4096, 0, a);
+  s.a().record_stream(p, a);  // the allocation stream: no-op
+  s.a().record_stream(p, b);
+  s.a().record_stream(p, b);  // duplicate
+  int on_stack = 0;
+  s.a().record_stream(&on_stack, b);  // not ours
+  s.a().deallocate(p, 4096, 0, a);
+  s.a().record_stream(p, b);  // too late
+  const DeviceStats st = s.stats();
+  EXPECT_EQ(st.record_stream_calls, 5);
+  EXPECT_EQ(st.record_stream_on_alloc_stream, 1);
+  EXPECT_EQ(st.record_stream_duplicate, 1);
+  EXPECT_EQ(st.record_stream_unknown_ptr, 2);
+  EXPECT_EQ(s.sim->counters().event_records, 0u) << "record_stream records no event by itself";
+  s.a().validate();
+}
+
+TEST(StreamRules, Rule3_FreeWithoutUsesIsReusedAtOnceOnItsStream) {
+  SimSetup s("");
+  const Stream a = s.sim->create_stream();
+  void* p = s.a().allocate(kBig, 0, a);
+  s.sim->enqueue(0, a, [] {});  // the stream is busy: still fine for its own later work
+  s.a().deallocate(p, kBig, 0, a);
+  EXPECT_EQ(s.a().allocate(kBig, 0, a), p);
+  EXPECT_EQ(s.sim->counters().event_records, 0u);
+  s.a().validate();
+}
+
+TEST(StreamRules, Rule3_PendingBlockIsNotReusedBeforeItsFence) {
+  SimSetup s("");
+  const Stream a = s.sim->create_stream();
+  const Stream u = s.sim->create_stream();
+  void* p = s.a().allocate(kBig, 0, a);
+  s.sim->enqueue(0, u, [] {});  // consumer work that still uses the block
+  s.a().record_stream(p, u);
+  s.a().deallocate(p, kBig, 0, a);
+  EXPECT_EQ(s.stats().pending_blocks.current, 1);
+  void* q = s.a().allocate(kBig, 0, a);
+  EXPECT_NE(q, p) << "handed out while the consumer stream had not passed its fence";
+  s.a().validate();
+  s.sim->synchronize_stream(0, u);
+  s.a().deallocate(q, kBig, 0, a);
+  s.a().process_fences();
+  EXPECT_EQ(s.stats().pending_blocks.current, 0);
+  void* r = s.a().allocate(kBig, 0, a);
+  void* r2 = s.a().allocate(kBig, 0, a);
+  EXPECT_TRUE(r == p || r2 == p) << "released after the fence";
+  s.a().validate();
+}
+
+TEST(StreamRules, Rule4_OneEventCoversABatchOfFrees) {
+  SimSetup s("");
+  const Stream a = s.sim->create_stream();
+  const Stream u = s.sim->create_stream();
+  std::vector<void*> blocks;
+  for (int i = 0; i < 50; ++i) {
+    void* p = s.a().allocate(4096, 0, a);
+    s.a().record_stream(p, u);
+    blocks.push_back(p);
+  }
+  for (void* p : blocks) s.a().deallocate(p, 4096, 0, a);
+  EXPECT_EQ(s.stats().pending_blocks.current, 50);
+  const auto before = s.sim->counters().event_records;
+  s.a().process_fences();
+  // One fence on the consumer stream for all 50 pending frees, one on the allocation stream to settle.
+  EXPECT_EQ(s.sim->counters().event_records - before, 2u);
+  EXPECT_EQ(s.stats().fences_recorded, 2);
+  s.sim->synchronize_all();
+  s.a().process_fences();
+  EXPECT_EQ(s.stats().pending_blocks.current, 0);
+  s.a().validate();
+}
+
+TEST(StreamRules, Rule4_ASlowStreamDoesNotHoldUpAnother) {
+  SimSetup s("");
+  const Stream a = s.sim->create_stream();
+  const Stream slow = s.sim->create_stream();
+  const Stream fast = s.sim->create_stream();
+  void* p_slow = s.a().allocate(kBig, 0, a);
+  void* p_fast = s.a().allocate(kBig, 0, a);
+  s.sim->enqueue(0, slow, [] {});
+  s.a().record_stream(p_slow, slow);
+  s.a().record_stream(p_fast, fast);
+  s.a().deallocate(p_slow, kBig, 0, a);
+  s.a().deallocate(p_fast, kBig, 0, a);
+  s.a().process_fences();  // records fences; `fast` is idle but manual: advance it
+  s.sim->synchronize_stream(0, fast);
+  s.a().process_fences();
+  const DeviceStats st = s.stats();
+  EXPECT_EQ(st.pending_blocks.current, 1);
+  EXPECT_EQ(st.per_stream.at(slow).pending_blocks.current, 1);
+  EXPECT_EQ(st.per_stream.at(fast).pending_blocks.current, 0);
+  EXPECT_EQ(s.a().allocate(kBig, 0, a), p_fast);
+  s.a().validate();
+}
+
+TEST(StreamRules, Rule5_SettledBlocksMoveAcrossStreamsWithoutHostSync) {
+  SimSetup s("cross_stream_reuse:settled");
+  const Stream a = s.sim->create_stream();
+  const Stream b = s.sim->create_stream();
+  void* p = s.a().allocate(kBig, 0, a);
+  s.a().deallocate(p, kBig, 0, a);
+  s.a().process_fences();          // closes a's batch
+  s.sim->synchronize_stream(0, a);  // the device passes the fence
+  void* q = s.a().allocate(kBig, 0, b);
+  EXPECT_EQ(q, p) << "a settled block serves another stream";
+  const DeviceStats st = s.stats();
+  EXPECT_EQ(st.cross_stream_reuse_settled, 1);
+  EXPECT_EQ(st.segment[0].current, 1) << "no new segment";
+  EXPECT_EQ(s.sim->counters().event_synchronizes, 0u) << "no host sync";
+  EXPECT_EQ(s.sim->counters().stream_waits, 0u) << "no new dependency between streams";
+  s.a().validate();
+}
+
+TEST(StreamRules, Rule5_UnsettledBlocksStayWithTheirStream) {
+  SimSetup s("cross_stream_reuse:settled");
+  const Stream a = s.sim->create_stream();
+  const Stream b = s.sim->create_stream();
+  void* p = s.a().allocate(kBig, 0, a);
+  s.sim->enqueue(0, a, [] {});  // a is busy: its fence cannot complete
+  s.a().deallocate(p, kBig, 0, a);
+  void* q = s.a().allocate(kBig, 0, b);
+  EXPECT_NE(q, p);
+  EXPECT_EQ(s.stats().cross_stream_reuse_settled, 0);
+  s.a().validate();
+}
+
+TEST(StreamRules, Rule5_NeverPolicyKeepsSettledBlocksWithTheirStream) {
+  SimSetup s("cross_stream_reuse:never");
+  const Stream a = s.sim->create_stream();
+  const Stream b = s.sim->create_stream();
+  void* p = s.a().allocate(kBig, 0, a);
+  s.a().deallocate(p, kBig, 0, a);
+  s.a().process_fences();
+  s.sim->synchronize_all();
+  s.a().process_fences();
+  EXPECT_NE(s.a().allocate(kBig, 0, b), p);
+  EXPECT_EQ(s.stats().segment[0].current, 2) << "native behaviour: a new segment per stream";
+  s.a().validate();
+}
+
+TEST(StreamRules, Rule5_WaitPolicyOrdersTheNewStreamOnTheGpu) {
+  // The device fits exactly one 64 MiB segment, so the second stream must reuse the first's block.
+  SimSetup s("cross_stream_reuse:wait", SimBackend::Mode::kManual, kBig + 8 * MiB);
+  const Stream a = s.sim->create_stream();
+  const Stream b = s.sim->create_stream();
+  auto* p = static_cast<unsigned char*>(s.a().allocate(kBig, 0, a));
+  enqueue_fill(*s.sim, a, p, 16, 0xAA);  // the old owner's last write, not yet run
+  s.a().deallocate(p, kBig, 0, a);
+  auto* q = static_cast<unsigned char*>(s.a().allocate(kBig, 0, b));
+  ASSERT_EQ(q, p);
+  EXPECT_EQ(s.stats().cross_stream_reuse_waited, 1);
+  EXPECT_EQ(s.sim->counters().stream_waits, 1u);
+  EXPECT_EQ(s.sim->counters().event_synchronizes, 0u) << "no host sync";
+  enqueue_fill(*s.sim, b, q, 16, 0xBB);  // the new owner's first write
+  EXPECT_EQ(s.sim->advance(0, b, 10), 0u) << "b waits for a's fence";
+  s.sim->synchronize_stream(0, b);
+  EXPECT_EQ(q[0], 0xBB) << "the new owner's write landed after the old owner's";
+  s.a().validate();
+}
+
+TEST(StreamRules, Rule5_OomPathSynchronizesFencesAndRetries) {
+  SimSetup s("cross_stream_reuse:settled", SimBackend::Mode::kManual, kBig + 8 * MiB);
+  const Stream a = s.sim->create_stream();
+  const Stream u = s.sim->create_stream();
+  void* p = s.a().allocate(kBig, 0, a);
+  s.sim->enqueue(0, u, [] {});
+  s.a().record_stream(p, u);
+  s.a().deallocate(p, kBig, 0, a);
+  void* q = s.a().allocate(kBig, 0, a);  // only possible after a host sync on u's fence
+  EXPECT_EQ(q, p);
+  const DeviceStats st = s.stats();
+  EXPECT_EQ(st.num_alloc_retries, 1);
+  EXPECT_EQ(st.num_sync_all_streams, 1);
+  EXPECT_GE(st.fences_synced_host, 1);
+  EXPECT_EQ(s.sim->queued_items(0, u), 0u) << "the host wait let the device finish u's work";
+  s.a().validate();
+}
+
+TEST(StreamRules, Rule5_OomPathReleasesCachedSegmentsOfOtherSizes) {
+  SimSetup s("", SimBackend::Mode::kManual, 100 * MiB);
+  const Stream a = s.sim->create_stream();
+  void* p = s.a().allocate(kBig, 0, a);
+  s.a().deallocate(p, kBig, 0, a);
+  void* q = s.a().allocate(80 * MiB, 0, a);  // needs the 64 MiB segment back from the cache
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(s.stats().num_device_free, 1);
+  EXPECT_EQ(s.stats().reserved_bytes[0].current, static_cast<std::int64_t>(80 * MiB));
+  s.a().validate();
+}
+
+TEST(StreamRules, Rule5_OutOfMemoryReportsTheNumbersAndLosesNothing) {
+  SimSetup s("", SimBackend::Mode::kManual, 100 * MiB);
+  const Stream a = s.sim->create_stream();
+  void* p = s.a().allocate(kBig, 0, a);
+  try {
+    s.a().allocate(kBig, 0, a);
+    FAIL() << "expected out of memory";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory);
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("64.00 MiB"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("reserved"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("What to do"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(s.stats().num_ooms, 1);
+  s.a().validate();
+  s.a().deallocate(p, kBig, 0, a);
+  EXPECT_NE(s.a().allocate(kBig, 0, a), nullptr) << "works again after freeing";
+  s.a().validate();
+}
+
+TEST(StreamRules, Rule6_NoEventIsQueriedWhileAStreamCaptures) {
+  SimSetup s("");
+  const Stream a = s.sim->create_stream();
+  const Stream u = s.sim->create_stream();
+  s.sim->set_capturing(0, a, true);
+  void* p = s.a().allocate(kBig, 0, a);
+  s.a().record_stream(p, u);
+  s.a().deallocate(p, kBig, 0, a);
+  void* q = s.a().allocate(kBig, 0, a);  // a miss: would poll fences, but must not during capture
+  s.a().process_fences();
+  s.a().empty_cache();
+  EXPECT_NE(q, p);
+  EXPECT_EQ(s.sim->counters().capture_violations, 0u);
+  EXPECT_EQ(s.sim->counters().event_records, 0u);
+  EXPECT_EQ(s.stats().pending_blocks.current, 1) << "the free waits for the capture to end";
+  s.sim->set_capturing(0, a, false);
+  s.a().process_fences();
+  s.sim->synchronize_all();
+  s.a().process_fences();
+  EXPECT_EQ(s.stats().pending_blocks.current, 0);
+  s.a().validate();
+}
+
+TEST(StreamRules, SplitAndMergeKeepSegmentsTiled) {
+  SimSetup s("", SimBackend::Mode::kEager);
+  const Stream a = s.sim->create_stream();
+  void* x = s.a().allocate(1000, 0, a);
+  void* y = s.a().allocate(1000, 0, a);
+  void* z = s.a().allocate(1000, 0, a);
+  EXPECT_EQ(s.stats().segment[0].current, 1);
+  EXPECT_EQ(s.a().segments(0).at(0).blocks.size(), 4u);  // x, y, z and the rest
+  s.a().deallocate(y, 1000, 0, a);
+  EXPECT_EQ(s.stats().inactive_split[0].current, 2);
+  s.a().validate();
+  s.a().deallocate(x, 1000, 0, a);
+  s.a().deallocate(z, 1000, 0, a);
+  s.a().validate();
+  // Freed blocks are owned by `a` until its fence settles them; then they merge with the settled rest.
+  s.a().process_fences();
+  s.a().validate();
+  EXPECT_EQ(s.a().segments(0).at(0).blocks.size(), 1u) << "free neighbours merged back";
+  EXPECT_EQ(s.stats().inactive_split[0].current, 0);
+}
+
+TEST(StreamRules, EmptyCacheReleasesEverythingFree) {
+  SimSetup s("", SimBackend::Mode::kManual);
+  const Stream a = s.sim->create_stream();
+  const Stream u = s.sim->create_stream();
+  void* keep = s.a().allocate(4096, 0, a);
+  void* p = s.a().allocate(kBig, 0, a);
+  void* r = s.a().allocate(12 * MiB, 0, a);
+  s.sim->enqueue(0, u, [] {});
+  s.a().record_stream(r, u);
+  s.a().deallocate(p, kBig, 0, a);
+  s.a().deallocate(r, 12 * MiB, 0, a);
+  s.a().empty_cache();
+  const DeviceStats st = s.stats();
+  EXPECT_EQ(st.reserved_bytes[0].current, static_cast<std::int64_t>(2 * MiB)) << "only the live block's segment";
+  EXPECT_EQ(st.pending_blocks.current, 0);
+  EXPECT_EQ(s.sim->reserved_bytes(0), 2 * MiB);
+  s.a().deallocate(keep, 4096, 0, a);
+  s.a().validate();
+}
+
+TEST(StreamRules, MemoryFractionCapsReservation) {
+  SimSetup s("memory_fraction:0.5", SimBackend::Mode::kEager, 128 * MiB);
+  const Stream a = s.sim->create_stream();
+  EXPECT_THROW(s.a().allocate(80 * MiB, 0, a), Error);
+  s.a().set_memory_fraction(1.0, 0);
+  void* p = s.a().allocate(80 * MiB, 0, a);
+  EXPECT_NE(p, nullptr);
+  s.a().deallocate(p, 0, 0, a);
+  s.a().set_memory_fraction(0.25, 0);  // lowering the cap releases cached segments
+  EXPECT_EQ(s.stats().reserved_bytes[0].current, 0);
+  EXPECT_DOUBLE_EQ(s.a().memory_fraction(0), 0.25);
+  EXPECT_THROW(s.a().set_memory_fraction(0.0, 0), Error);
+  EXPECT_THROW(s.a().set_memory_fraction(1.5, 0), Error);
+  s.a().validate();
+}
+
+TEST(StreamRules, MaxSplitSizeKeepsOversizeBlocksWhole) {
+  SimSetup s("max_split_size_mb:40", SimBackend::Mode::kEager);
+  const Stream a = s.sim->create_stream();
+  void* big = s.a().allocate(kBig, 0, a);
+  s.a().deallocate(big, 0, 0, a);
+  void* small = s.a().allocate(12 * MiB, 0, a);
+  EXPECT_NE(small, big) << "a small request does not split an oversize block";
+  EXPECT_EQ(s.stats().oversize_segments.current, 1);
+  EXPECT_EQ(s.stats().max_split_size, static_cast<std::int64_t>(40 * MiB));
+  s.a().validate();
+}
+
+TEST(StreamRules, RoundupPower2DivisionsRoundsRequests) {
+  SimSetup s("roundup_power2_divisions:4", SimBackend::Mode::kEager);
+  const Stream a = s.sim->create_stream();
+  void* p = s.a().allocate(1200 * 1024, 0, a);  // between 1 MiB and 2 MiB: steps of 256 KiB
+  EXPECT_EQ(s.stats().allocated_bytes[0].current, static_cast<std::int64_t>(1280 * 1024));
+  s.a().deallocate(p, 0, 0, a);
+  s.a().validate();
+}
+
+TEST(StreamRules, RequestLargerThanTheDeviceFailsAtOnce) {
+  SimSetup s("", SimBackend::Mode::kEager, 64 * MiB);
+  try {
+    s.a().allocate(std::size_t{1} << 40, 0, 0);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory);
+    EXPECT_NE(std::string(e.what()).find("larger than the device"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(s.a().allocate(SIZE_MAX, 0, 0), Error);
+  EXPECT_EQ(s.stats().num_device_alloc, 0) << "no flush, no device call";
+}
+
+TEST(StreamRules, StatsTrackPendingPerStreamAndLatency) {
+  SimSetup s("");
+  const Stream a = s.sim->create_stream();
+  const Stream u = s.sim->create_stream();
+  void* p = s.a().allocate(4096, 0, a);
+  s.a().record_stream(p, u);
+  s.a().deallocate(p, 4096, 0, a);
+  DeviceStats st = s.stats();
+  EXPECT_EQ(st.pending_bytes.current, 4096);
+  EXPECT_EQ(st.per_stream.at(u).pending_bytes.current, 4096);
+  s.a().process_fences();
+  s.sim->synchronize_all();
+  s.a().process_fences();
+  st = s.stats();
+  EXPECT_EQ(st.pending_bytes.current, 0);
+  EXPECT_EQ(st.pending_bytes.peak, 4096);
+  std::int64_t settled = 0;
+  for (auto c : st.free_to_reusable_us) settled += c;
+  EXPECT_GE(settled, 1);
+  s.a().reset_peak_stats(0);
+  EXPECT_EQ(s.stats().pending_bytes.peak, 0);
+  s.a().validate();
+}
+
+}  // namespace
+}  // namespace streamalloc::testing
