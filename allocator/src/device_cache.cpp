@@ -213,16 +213,31 @@ void DeviceCache::free_to_owner(Block* block) {
 }
 
 // Rule 3, other uses: the block waits for a fence on every stream it was used on.
+//
+// Pipelined batching: each used stream keeps at most one fence in flight. The free polls that fence
+// (one query); once it has completed, the open batch is closed at once with a new event, so pending
+// blocks are released about one fence latency after their free. While a fence is in flight, later
+// frees join the open batch and share the next event.
 void DeviceCache::make_pending(Block* block) {
   block->state = BlockState::kPending;
   block->settle_seq = queue(block->stream).join_as_owner();
   block->fences_left = static_cast<std::uint32_t>(block->uses.size());
-  for (Stream used : block->uses) {
-    if (backend_.is_capturing(device_, used)) ++stats_.frees_deferred_capture;
-    queue(used).join_as_user(block);
-  }
   stats_.pending_blocks.increase(1);
   stats_.pending_bytes.increase(static_cast<std::int64_t>(block->size));
+  for (Stream used : block->uses) queue(used).join_as_user(block);
+  // Rule 6: while any stream captures a graph no event is queried; the batch is fenced after capture.
+  if (any_stream_capturing()) {
+    ++stats_.frees_deferred_capture;
+    return;
+  }
+  for (Stream used : block->uses) {
+    FenceQueue& q = queue(used);
+    std::uint64_t queries = 0;
+    Fence fence;
+    while (q.pop_completed(backend_, device_, &fence, &queries)) finish_fence(q, fence);
+    stats_.fences_polled += static_cast<std::int64_t>(queries);
+    if (q.in_flight().empty() && q.close_batch(backend_, events_, device_)) ++stats_.fences_recorded;
+  }
 }
 
 // Every fence of a pending block has completed: it returns to its allocation stream's free list.
