@@ -7,12 +7,15 @@
 #include "audit.hpp"
 #include "device_cache.hpp"
 #include "logging.hpp"
+#include "sync_checker.hpp"
 
 namespace streamalloc {
 
 struct Allocator::Internals {
-  explicit Internals(const Options& options) : audit(options) {}
+  explicit Internals(const Options& options)
+      : audit(options), sync(options.check_sync ? std::make_unique<SyncChecker>() : nullptr) {}
   Audit audit;
+  std::unique_ptr<SyncChecker> sync;
   std::atomic<bool> shut_down{false};
 };
 
@@ -42,7 +45,7 @@ Allocator::Allocator(Options options, std::shared_ptr<Backend> backend)
   internals_ = std::make_unique<Internals>(options_);
   const int devices = backend_->device_count();
   for (int d = 0; d < devices; ++d) {
-    caches_.push_back(std::make_unique<DeviceCache>(d, options_, *backend_, internals_->audit));
+    caches_.push_back(std::make_unique<DeviceCache>(d, options_, *backend_, internals_->audit, internals_->sync.get()));
   }
   log().info("allocator on the {} backend, {} device(s); options: {}", backend_->name(), devices,
              options_.to_conf_string());
@@ -172,6 +175,22 @@ std::string Allocator::stats_json(int device) const { return stats(device).to_js
 
 void Allocator::validate() const {
   for (const auto& c : caches_) c->validate();
+}
+
+void Allocator::note_event_record(std::uintptr_t event, Stream stream) {
+  if (internals_->sync) internals_->sync->on_event_record(event, stream);
+}
+
+void Allocator::note_event_wait(std::uintptr_t event, Stream stream) {
+  if (internals_->sync) internals_->sync->on_event_wait(event, stream);
+}
+
+void Allocator::note_stream_synchronize(Stream stream) {
+  if (internals_->sync) internals_->sync->on_stream_synchronize(stream);
+}
+
+void Allocator::note_device_synchronize() {
+  if (internals_->sync) internals_->sync->on_device_synchronize();
 }
 
 int Allocator::device_of(const void* ptr) const { return find_device(ptr, -1); }

@@ -7,7 +7,7 @@
 namespace streamalloc {
 
 Audit::Audit(const Options& options) : mode_(options.audit) {
-  if (mode_ == AuditMode::kOff) return;
+  if (mode_ == AuditMode::kOff && !options.check_sync) return;
   spdlog::sink_ptr sink;
   if (options.audit_file.empty()) {
     sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
@@ -77,6 +77,16 @@ void Audit::host_sync_for_memory(int device, std::size_t fences, std::size_t byt
 void Audit::out_of_memory(int device, const std::string& report) {
   if (!enabled()) return;
   logger_->error("device {}: {}", device, report);
+}
+
+void Audit::missing_wait(int device, std::uintptr_t address, std::size_t size, Stream producer, Stream consumer) {
+  if (!logger_) return;
+  logger_->warn(
+      "missing wait: block {:#x} ({}, device {}) was allocated on stream {:#x} and used on stream {:#x}, but "
+      "stream {:#x} never waited for stream {:#x} after the allocation. The consumer may read the block before "
+      "the producer finished writing it. record_stream only protects memory from reuse; order the consumer "
+      "with consumer_stream.wait_event(event_recorded_on_producer) (or wait_stream) before using the tensor.",
+      address, format_bytes(size), device, producer, consumer, consumer, producer);
 }
 
 void Audit::trace(int device, const char* what, std::uintptr_t address, std::size_t size, Stream stream) {

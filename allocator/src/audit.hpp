@@ -20,7 +20,8 @@ class Audit {
  public:
   explicit Audit(const Options& options);
   ~Audit();
-  bool enabled() const { return mode_ != AuditMode::kOff; }
+  // Whether anything is logged: audit:warn|trace, or check_sync:1 (its warnings go to the same sink).
+  bool enabled() const { return logger_ != nullptr && mode_ != AuditMode::kOff; }
   bool tracing() const { return mode_ == AuditMode::kTrace; }
 
   void record_stream_on_allocation_stream(int device, std::uintptr_t address, Stream stream);
@@ -29,6 +30,8 @@ class Audit {
   void pending_too_long(int device, Stream stream, std::size_t blocks, std::size_t bytes, double ms);
   void host_sync_for_memory(int device, std::size_t fences, std::size_t bytes_released);
   void out_of_memory(int device, const std::string& report);
+  // check_sync: `consumer` used a block of `producer` without being ordered after the producer.
+  void missing_wait(int device, std::uintptr_t address, std::size_t size, Stream producer, Stream consumer);
   // Trace mode: one line per allocation event.
   void trace(int device, const char* what, std::uintptr_t address, std::size_t size, Stream stream);
   void flush();

@@ -49,6 +49,10 @@ struct Block {
   Block* settle_prev = nullptr;
   Block* settle_next = nullptr;
   bool in_settle_list = false;
+  // Free but held back from reuse by quarantine_mb (in no index, never merged).
+  bool quarantined = false;
+  // check_sync: the allocation stream's tick when the block was handed out.
+  std::uint64_t alloc_tick = 0;
 
   bool is_split() const { return prev != nullptr || next != nullptr; }
 };

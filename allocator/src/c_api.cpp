@@ -160,6 +160,22 @@ void* streamalloc_base_alloc(void* ptr, size_t* size) {
   return base;
 }
 
+void streamalloc_note_event_record(void* event, streamalloc_stream_t stream) {
+  guarded([&] { instance().note_event_record(reinterpret_cast<std::uintptr_t>(event), to_stream(stream)); });
+}
+
+void streamalloc_note_event_wait(void* event, streamalloc_stream_t stream) {
+  guarded([&] { instance().note_event_wait(reinterpret_cast<std::uintptr_t>(event), to_stream(stream)); });
+}
+
+void streamalloc_note_stream_synchronize(streamalloc_stream_t stream) {
+  guarded([&] { instance().note_stream_synchronize(to_stream(stream)); });
+}
+
+void streamalloc_note_device_synchronize(void) {
+  guarded([&] { instance().note_device_synchronize(); });
+}
+
 int streamalloc_configure(const char* conf) {
   const bool ok = guarded([&] {
     Global& g = global();

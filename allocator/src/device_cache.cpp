@@ -7,14 +7,16 @@
 
 #include "audit.hpp"
 #include "logging.hpp"
+#include "sync_checker.hpp"
 
 namespace streamalloc {
 
-DeviceCache::DeviceCache(int device, const Options& options, Backend& backend, Audit& audit)
+DeviceCache::DeviceCache(int device, const Options& options, Backend& backend, Audit& audit, SyncChecker* sync)
     : device_(device),
       options_(options),
       backend_(backend),
       audit_(audit),
+      sync_(sync),
       memory_fraction_(options.memory_fraction),
       events_(backend, device) {
   stats_.max_split_size =
@@ -114,6 +116,7 @@ void DeviceCache::remove_free(Block* block) {
 
 bool DeviceCache::mergeable(const Block* a, const Block* b) const {
   if (a == nullptr || b == nullptr) return false;
+  if (a->quarantined || b->quarantined) return false;
   if (a->state != BlockState::kFree || b->state != BlockState::kFree) return false;
   if (a->settled != b->settled) return false;
   return a->settled || a->stream == b->stream;
@@ -196,7 +199,18 @@ void DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hin
     stat_decrease(&DeviceStats::active_bytes, pool, static_cast<std::int64_t>(block->size));
     free_to_owner(block);
   } else {
+    if (sync_ != nullptr) check_consumers_waited(block);
     make_pending(block);
+  }
+}
+
+// check_sync: every stream the block was used on should have been ordered after the allocation
+// stream's work that followed the allocation (a wait_event, or a host synchronize).
+void DeviceCache::check_consumers_waited(const Block* block) {
+  for (Stream used : block->uses) {
+    if (sync_->ordered_after(used, block->stream, block->alloc_tick)) continue;
+    ++stats_.missing_wait_warnings;
+    audit_.missing_wait(device_, block->address, block->size, block->stream, used);
   }
 }
 
@@ -208,8 +222,44 @@ void DeviceCache::free_to_owner(Block* block) {
   block->uses.clear();
   FenceQueue& owner = queue(block->stream);
   block->settle_seq = owner.join_as_owner();
-  if (owner.completed_seq() >= block->settle_seq) mark_settled(block);
+  make_available(block);
+}
+
+void DeviceCache::make_available(Block* block) {
+  if (options_.quarantine_bytes == 0) {
+    enter_free_lists(block);
+    return;
+  }
+  block->quarantined = true;
+  count_inactive_split(block);
+  quarantine_.push_back(block);
+  quarantine_bytes_ += block->size;
+  while (quarantine_bytes_ > options_.quarantine_bytes) release_oldest_quarantined();
+}
+
+void DeviceCache::enter_free_lists(Block* block) {
+  if (queue(block->stream).completed_seq() >= block->settle_seq) mark_settled(block);
   insert_free(merge_free_neighbours(block));
+}
+
+void DeviceCache::release_oldest_quarantined() {
+  Block* block = quarantine_.front();
+  quarantine_.pop_front();
+  quarantine_bytes_ -= block->size;
+  block->quarantined = false;
+  uncount_inactive_split(block);
+  enter_free_lists(block);
+}
+
+void DeviceCache::flush_quarantine() {
+  while (!quarantine_.empty()) release_oldest_quarantined();
+}
+
+bool DeviceCache::close_batch(FenceQueue& q) {
+  if (!q.close_batch(backend_, events_, device_)) return false;
+  ++stats_.fences_recorded;
+  if (sync_ != nullptr) sync_->on_event_record(reinterpret_cast<std::uintptr_t>(q.in_flight().back().event), q.stream());
+  return true;
 }
 
 // Rule 3, other uses: the block waits for a fence on every stream it was used on.
@@ -236,7 +286,7 @@ void DeviceCache::make_pending(Block* block) {
     Fence fence;
     while (q.pop_completed(backend_, device_, &fence, &queries)) finish_fence(q, fence);
     stats_.fences_polled += static_cast<std::int64_t>(queries);
-    if (q.in_flight().empty() && q.close_batch(backend_, events_, device_)) ++stats_.fences_recorded;
+    if (q.in_flight().empty()) close_batch(q);
   }
 }
 
@@ -254,8 +304,7 @@ void DeviceCache::release_pending(Block* block) {
   block->state = BlockState::kFree;
   block->settled = false;
   block->uses.clear();
-  if (queue(block->stream).completed_seq() >= block->settle_seq) mark_settled(block);
-  insert_free(merge_free_neighbours(block));
+  make_available(block);
 }
 
 // The owner stream's fence for `block` has completed: no stream can still touch it.
@@ -302,7 +351,7 @@ void DeviceCache::close_batches_and_poll() {
   if (any_stream_capturing()) return;
   const auto now = Clock::now();
   for (auto& [stream, q] : queues_) {
-    if (q->close_batch(backend_, events_, device_)) ++stats_.fences_recorded;
+    close_batch(*q);
     Fence fence;
     std::uint64_t queries = 0;
     while (q->pop_completed(backend_, device_, &fence, &queries)) finish_fence(*q, fence);
@@ -310,7 +359,7 @@ void DeviceCache::close_batches_and_poll() {
     if (audit_.enabled() && !q->in_flight().empty()) {
       const Fence& oldest = q->in_flight().front();
       const double ms = std::chrono::duration<double, std::milli>(now - oldest.recorded_at).count();
-      if (!oldest.audited_late && ms > static_cast<double>(options_.pending_warn_ms)) {
+      if (!oldest.audited_late && !oldest.pending.empty() && ms > static_cast<double>(options_.pending_warn_ms)) {
         std::size_t bytes = 0;
         for (Block* b : oldest.pending) bytes += b->size;
         audit_.pending_too_long(device_, stream, oldest.pending.size(), bytes, ms);
@@ -320,13 +369,14 @@ void DeviceCache::close_batches_and_poll() {
   }
 }
 
-// Host-wait for every fence (the OOM path and empty_cache). Afterwards nothing is pending.
-void DeviceCache::synchronize_all_fences() {
+// Host-wait for every fence (the OOM path, empty_cache, teardown). Afterwards nothing is pending.
+// `for_memory`: the OOM path, where the audit reports the host sync as a sign of memory pressure.
+void DeviceCache::synchronize_all_fences(bool for_memory) {
   if (any_stream_capturing()) return;
   std::size_t fences = 0;
   const auto pending_before = stats_.pending_bytes.current;
   for (auto& [stream, q] : queues_) {
-    if (q->close_batch(backend_, events_, device_)) ++stats_.fences_recorded;
+    close_batch(*q);
     std::vector<Fence> done;
     q->synchronize_all(backend_, device_, &done);
     for (Fence& fence : done) finish_fence(*q, fence);
@@ -334,7 +384,7 @@ void DeviceCache::synchronize_all_fences() {
   }
   stats_.fences_synced_host += static_cast<std::int64_t>(fences);
   ++stats_.num_sync_all_streams;
-  if (fences > 0) {
+  if (for_memory && fences > 0) {
     audit_.host_sync_for_memory(device_, fences,
                                 static_cast<std::size_t>(pending_before - stats_.pending_bytes.current));
   }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <deque>
 #include <cstddef>
 #include <map>
 #include <memory>
@@ -23,10 +24,12 @@
 namespace streamalloc {
 
 class Audit;
+class SyncChecker;
 
 class DeviceCache {
  public:
-  DeviceCache(int device, const Options& options, Backend& backend, Audit& audit);
+  // `sync` is the shared happens-before checker, or nullptr when check_sync is off.
+  DeviceCache(int device, const Options& options, Backend& backend, Audit& audit, SyncChecker* sync);
   ~DeviceCache();
   DeviceCache(const DeviceCache&) = delete;
   DeviceCache& operator=(const DeviceCache&) = delete;
@@ -67,13 +70,19 @@ class DeviceCache {
 
   // ---- free path and fences (device_cache.cpp) ----
   void free_to_owner(Block* block);
+  void make_available(Block* block);    // into the free indexes, or first through the quarantine
+  void enter_free_lists(Block* block);  // settle if its fence completed, merge, index
+  void release_oldest_quarantined();
+  void flush_quarantine();
+  bool close_batch(FenceQueue& queue);  // record a fence for the open batch; false if it was empty
+  void check_consumers_waited(const Block* block);
   void make_pending(Block* block);
   void release_pending(Block* block);
   void settle(Block* block);
   void mark_settled(Block* block);  // sets the flag and records the free-to-reusable latency
   void finish_fence(FenceQueue& queue, Fence& fence);
   void close_batches_and_poll();
-  void synchronize_all_fences();
+  void synchronize_all_fences(bool for_memory = false);
   bool any_stream_capturing();
   FenceQueue& queue(Stream stream);
 
@@ -98,6 +107,7 @@ class DeviceCache {
   const Options& options_;
   Backend& backend_;
   Audit& audit_;
+  SyncChecker* sync_;
   mutable std::mutex mutex_;
 
   double memory_fraction_;
@@ -113,7 +123,9 @@ class DeviceCache {
   FenceQueue* last_queue_ = nullptr;  // one-entry cache in front of queues_ for the hot path
   EventPool events_;
   DeviceStats stats_;
-  bool accumulated_reset_ = false;  // validate() then cannot check allocated - freed == current
+  bool accumulated_reset_ = false;
+  std::deque<Block*> quarantine_;  // FIFO of freed blocks held back from reuse (quarantine_mb)
+  std::size_t quarantine_bytes_ = 0;  // validate() then cannot check allocated - freed == current
 };
 
 }  // namespace streamalloc

@@ -12,6 +12,7 @@
 #include "device_cache.hpp"
 #include "logging.hpp"
 #include "size_policy.hpp"
+#include "sync_checker.hpp"
 
 namespace streamalloc {
 
@@ -47,7 +48,8 @@ void* DeviceCache::allocate(std::size_t requested, Stream stream) {
   }
   if (block == nullptr) {
     ++stats_.num_alloc_retries;
-    synchronize_all_fences();
+    flush_quarantine();
+    synchronize_all_fences(/*for_memory=*/true);
     block = find_free(pool, size, stream);
     if (block == nullptr) {
       release_free_segments(SIZE_MAX);
@@ -85,11 +87,12 @@ Block* DeviceCache::find_free_after_gpu_wait(PoolKind pool, std::size_t size, St
   if (best == nullptr) return nullptr;
   FenceQueue& owner = queue(best->stream);
   if (best->settle_seq > owner.closed_seq()) {
-    if (owner.close_batch(backend_, events_, device_)) ++stats_.fences_recorded;
+    close_batch(owner);
   }
   const Fence* fence = owner.find(best->settle_seq);
   if (fence == nullptr) return nullptr;  // completed meanwhile: the block is settled by the next poll
   backend_.stream_wait_event(device_, stream, fence->event);
+  if (sync_ != nullptr) sync_->on_event_wait(reinterpret_cast<std::uintptr_t>(fence->event), stream);
   ++stats_.fences_waited_gpu;
   ++stats_.cross_stream_reuse_waited;
   return best;
@@ -158,6 +161,7 @@ Block* DeviceCache::take(Block* block, std::size_t size, std::size_t requested, 
   block->record_calls = 0;
   block->fences_left = 0;
   block->since = Clock::now();
+  if (sync_ != nullptr) block->alloc_tick = sync_->tick(stream);
   live_.emplace(block->address, block);
   stat_increase(&DeviceStats::allocation, pool, 1);
   stat_increase(&DeviceStats::allocated_bytes, pool, static_cast<std::int64_t>(block->size));
@@ -180,7 +184,7 @@ std::size_t DeviceCache::release_free_segments(std::size_t target_bytes) {
   for (auto it = segments_.begin(); it != segments_.end() && released < target_bytes;) {
     Segment* segment = it->second.get();
     Block* head = segment->head;
-    if (head->state != BlockState::kFree || !head->settled || head->next != nullptr) {
+    if (head->state != BlockState::kFree || !head->settled || head->quarantined || head->next != nullptr) {
       ++it;
       continue;
     }
@@ -240,6 +244,7 @@ void DeviceCache::throw_out_of_memory(std::size_t requested, std::size_t size, S
 
 void DeviceCache::empty_cache() {
   Lock lock(mutex_);
+  flush_quarantine();
   synchronize_all_fences();
   release_free_segments(SIZE_MAX);
 }
@@ -249,6 +254,7 @@ void DeviceCache::set_memory_fraction(double fraction) {
   if (device_total_ == 0) device_total_ = backend_.memory_info(device_).total_bytes;
   memory_fraction_ = fraction;
   if (reserved_ > memory_cap()) {
+    flush_quarantine();
     synchronize_all_fences();
     release_free_segments(reserved_ - memory_cap());
   }
@@ -261,6 +267,7 @@ double DeviceCache::memory_fraction() const {
 
 void DeviceCache::release_all() {
   Lock lock(mutex_);
+  flush_quarantine();
   synchronize_all_fences();
   release_free_segments(SIZE_MAX);
   if (!live_.empty()) {

@@ -46,6 +46,7 @@ void DeviceCache::validate() const {
   auto oversize = [&](std::size_t size) { return max_split != 0 && size >= max_split; };
   std::size_t free_blocks[2] = {0, 0};  // unsettled, settled
   std::size_t live_blocks = 0;
+  std::size_t quarantined = 0, quarantined_bytes = 0;
   std::size_t reserved = 0;
 
   // Pending blocks: how many fences (open or in flight) list each one.
@@ -139,6 +140,17 @@ void DeviceCache::validate() const {
         }
         case BlockState::kFree:
           if (live != live_.end()) broken(device_, "free block " + hex(b->address) + " is in the live table");
+          if (b->quarantined) {
+            if (in_unsettled || in_settled || b->in_settle_list) broken(device_, "quarantined block " + hex(b->address) + " is reusable");
+            ++quarantined;
+            quarantined_bytes += b->size;
+            if (b->counted_inactive_split != b->is_split()) broken(device_, "inactive_split accounting of block " + hex(b->address));
+            if (b->is_split()) {
+              t.inactive_split += 1;
+              t.inactive_split_bytes += size;
+            }
+            break;
+          }
           if (b->settled ? (!in_settled || in_unsettled) : (!in_unsettled || in_settled)) {
             broken(device_, "free block " + hex(b->address) + " is not in exactly the index of its stream state");
           }
@@ -158,6 +170,9 @@ void DeviceCache::validate() const {
       }
     }
     if (expected_address != address + segment->size) broken(device_, "segment " + hex(address) + " blocks do not add up to its size");
+  }
+  if (quarantined != quarantine_.size() || quarantined_bytes != quarantine_bytes_) {
+    broken(device_, "the quarantine FIFO disagrees with the blocks marked quarantined");
   }
   if (reserved != reserved_) broken(device_, "reserved byte count disagrees with the segments");
   if (live_blocks != live_.size()) broken(device_, "the live table holds blocks that are not in any segment");

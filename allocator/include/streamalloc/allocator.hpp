@@ -98,6 +98,13 @@ class Allocator {
   // one broken. Expensive: for tests and debugging.
   void validate() const;
 
+  // Synchronization the allocator did not make itself, for check_sync (no-ops when it is off): the
+  // torch plugin forwards PyTorch's GPU trace callbacks here.
+  void note_event_record(std::uintptr_t event, Stream stream);
+  void note_event_wait(std::uintptr_t event, Stream stream);
+  void note_stream_synchronize(Stream stream);
+  void note_device_synchronize();
+
   // The device a live pointer belongs to, or -1.
   int device_of(const void* ptr) const;
   // Size requested for a live pointer, or 0.
@@ -123,7 +130,7 @@ class Allocator {
   Options options_;
   std::shared_ptr<Backend> backend_;
   std::vector<std::unique_ptr<DeviceCache>> caches_;
-  struct Internals;  // audit sink and shutdown flag
+  struct Internals;  // audit sink, happens-before checker, shutdown flag
   std::unique_ptr<Internals> internals_;
 };
 

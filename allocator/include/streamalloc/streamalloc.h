@@ -53,6 +53,13 @@ STREAMALLOC_API void streamalloc_shutdown(void);
  * -1 before first use. */
 STREAMALLOC_API int streamalloc_backend_is_cuda(void);
 
+/* check_sync: synchronization made outside the allocator (the torch plugin forwards PyTorch's GPU
+ * trace callbacks here). No-ops unless the allocator runs with check_sync:1. */
+STREAMALLOC_API void streamalloc_note_event_record(void* event, streamalloc_stream_t stream);
+STREAMALLOC_API void streamalloc_note_event_wait(void* event, streamalloc_stream_t stream);
+STREAMALLOC_API void streamalloc_note_stream_synchronize(streamalloc_stream_t stream);
+STREAMALLOC_API void streamalloc_note_device_synchronize(void);
+
 /* The JSON strings below are owned by the caller: release them with streamalloc_free_string(). */
 STREAMALLOC_API char* streamalloc_stats_json(int device);
 STREAMALLOC_API char* streamalloc_snapshot_json(void);
