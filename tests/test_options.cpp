@@ -127,7 +127,7 @@ const GoodCase kGoodCases[] = {
     {"sim_devices", "16", [](const Options& o) { return o.sim_devices == 16; }},
 };
 
-INSTANTIATE_TEST_SUITE_P(EveryKey, OptionsGoodValue, ::testing::ValuesIn(kGoodCases));
+INSTANTIATE_TEST_SUITE_P(Options, OptionsGoodValue, ::testing::ValuesIn(kGoodCases));
 
 // ---- bad values: the message names the key, the value and what is accepted ----
 
@@ -201,7 +201,7 @@ const BadCase kBadCases[] = {
     {"sim_devices", "17", "an integer from 1 to 16"},
 };
 
-INSTANTIATE_TEST_SUITE_P(EveryKey, OptionsBadValue, ::testing::ValuesIn(kBadCases));
+INSTANTIATE_TEST_SUITE_P(Options, OptionsBadValue, ::testing::ValuesIn(kBadCases));
 
 TEST(OptionsTable, EveryKeyHasGoodAndBadCases) {
   std::set<std::string> good, bad;
