@@ -57,18 +57,29 @@ bench: build
 	@$(PYTHON) bench/report.py $(BUILD)/bench.json docs/benchmarks.md
 
 test-asan:
-	@STREAMALLOC_NO_TORCH=1 .ci/setup-deps
+	@.ci/setup-deps
 	@$(CMAKE) -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSTREAMALLOC_SANITIZE="address;undefined" \
 	  -DSTREAMALLOC_CUDA=OFF -DSTREAMALLOC_TORCH=OFF -DSTREAMALLOC_BUILD_BENCH=OFF >/dev/null
 	@$(CMAKE) --build build-asan -j $(JOBS) --target streamalloc_tests
 	ctest --test-dir build-asan --output-on-failure -j $(JOBS) -L cpu
 
 test-tsan:
-	@STREAMALLOC_NO_TORCH=1 .ci/setup-deps
+	@.ci/setup-deps
 	@$(CMAKE) -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTREAMALLOC_SANITIZE=thread \
 	  -DSTREAMALLOC_CUDA=OFF -DSTREAMALLOC_TORCH=OFF -DSTREAMALLOC_BUILD_BENCH=OFF >/dev/null
 	@$(CMAKE) --build build-tsan -j $(JOBS) --target streamalloc_tests
 	ctest --test-dir build-tsan --output-on-failure -j $(JOBS) -L cpu
+
+# Open-ended libFuzzer run of the model-based fuzzer (clang). FUZZ_SECONDS bounds it (default 300).
+FUZZ_SECONDS ?= 300
+fuzz:
+	@.ci/setup-deps
+	@command -v clang++ >/dev/null || { echo "make fuzz needs clang (apt-get install clang)"; exit 1; }
+	@CXX=clang++ CC=clang $(CMAKE) -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTREAMALLOC_CUDA=OFF \
+	  -DSTREAMALLOC_TORCH=OFF -DSTREAMALLOC_BUILD_BENCH=OFF >/dev/null
+	@$(CMAKE) --build build-fuzz -j $(JOBS) --target streamalloc_fuzz
+	@mkdir -p build-fuzz/corpus
+	build-fuzz/tests/fuzz/streamalloc_fuzz -max_len=8192 -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan build-fuzz

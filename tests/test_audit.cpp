@@ -1,6 +1,7 @@
 // Audit, poisoning, quarantine and the happens-before check on the simulated device: each message
 // fires exactly when it should, and each debug option turns the seed's silent corruption loud.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -16,7 +17,10 @@ namespace {
 
 class AuditLog {
  public:
-  AuditLog() : path_(::testing::TempDir() + "streamalloc_audit_" + std::to_string(counter_++) + ".log") {}
+  // The pid keeps parallel ctest processes (one per test) off each other's files.
+  AuditLog()
+      : path_(::testing::TempDir() + "streamalloc_audit_" + std::to_string(::getpid()) + "_" +
+              std::to_string(counter_++) + ".log") {}
   ~AuditLog() { std::remove(path_.c_str()); }
   std::string conf(const std::string& extra = "") const {
     return "audit:warn,audit_file:" + path_ + (extra.empty() ? "" : "," + extra);

@@ -177,6 +177,9 @@ void Allocator::validate() const {
   for (const auto& c : caches_) c->validate();
 }
 
+void Allocator::capture_begin(int device) { cache(device).capture_begin(); }
+void Allocator::capture_end(int device) { cache(device).capture_end(); }
+
 void Allocator::note_event_record(std::uintptr_t event, Stream stream) {
   if (internals_->sync) internals_->sync->on_event_record(event, stream);
 }

@@ -338,7 +338,18 @@ void DeviceCache::finish_fence(FenceQueue& queue, Fence& fence) {
   }
 }
 
+void DeviceCache::capture_begin() {
+  Lock lock(mutex_);
+  ++captures_underway_;
+}
+
+void DeviceCache::capture_end() {
+  Lock lock(mutex_);
+  if (captures_underway_ > 0) --captures_underway_;
+}
+
 bool DeviceCache::any_stream_capturing() {
+  if (captures_underway_ > 0) return true;
   for (auto& [stream, q] : queues_) {
     if (backend_.is_capturing(device_, stream)) return true;
   }

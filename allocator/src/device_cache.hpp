@@ -45,6 +45,10 @@ class DeviceCache {
   double memory_fraction() const;
   void process_fences();
   void synchronize_fences();
+  // A graph capture began/ended on some stream of this device (PyTorch's beginAllocateToPool). Covers
+  // captures on streams the cache has never seen, which any_stream_capturing() cannot ask about.
+  void capture_begin();
+  void capture_end();
   void release_all();  // teardown and shutdown: every segment without live blocks goes back
 
   DeviceStats stats() const;
@@ -125,7 +129,8 @@ class DeviceCache {
   DeviceStats stats_;
   bool accumulated_reset_ = false;
   std::deque<Block*> quarantine_;  // FIFO of freed blocks held back from reuse (quarantine_mb)
-  std::size_t quarantine_bytes_ = 0;  // validate() then cannot check allocated - freed == current
+  std::size_t quarantine_bytes_ = 0;
+  int captures_underway_ = 0;  // reported by capture_begin/capture_end  // validate() then cannot check allocated - freed == current
 };
 
 }  // namespace streamalloc

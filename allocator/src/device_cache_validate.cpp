@@ -53,7 +53,7 @@ void DeviceCache::validate() const {
   std::map<const Block*, std::uint32_t> fence_refs;
   std::map<Stream, std::pair<std::int64_t, std::int64_t>> per_stream_pending;
   for (const auto& [stream, q] : queues_) {
-    auto count = [&](const Block* b) {
+    auto count = [&, stream = stream](const Block* b) {  // (a binding cannot be captured before C++20)
       ++fence_refs[b];
       per_stream_pending[stream].first += 1;
       per_stream_pending[stream].second += static_cast<std::int64_t>(b->size);

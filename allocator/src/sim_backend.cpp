@@ -279,7 +279,7 @@ struct SimBackend::State {
     for (StreamQueue* q : queues_of(index)) targets.emplace_back(q, q->enqueued);
     for (auto& [q, target] : targets) {
       StreamQueue& queue = *q;
-      drain(lock, queue, SIZE_MAX, true, [&] { return queue.finished >= target; });
+      drain(lock, queue, SIZE_MAX, true, [&, target = target] { return queue.finished >= target; });
     }
   }
 };

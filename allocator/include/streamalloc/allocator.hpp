@@ -98,6 +98,12 @@ class Allocator {
   // one broken. Expensive: for tests and debugging.
   void validate() const;
 
+  // A CUDA graph capture begins/ends on `device` (the torch plugin forwards PyTorch's
+  // beginAllocateToPool/endAllocateToPool). While one is underway no fence is recorded or queried.
+  // Captures on streams the allocator has already seen are detected without this.
+  void capture_begin(int device);
+  void capture_end(int device);
+
   // Synchronization the allocator did not make itself, for check_sync (no-ops when it is off): the
   // torch plugin forwards PyTorch's GPU trace callbacks here.
   void note_event_record(std::uintptr_t event, Stream stream);
