@@ -79,14 +79,26 @@ void Audit::out_of_memory(int device, const std::string& report) {
   logger_->error("device {}: {}", device, report);
 }
 
+bool Audit::should_log_repeat(Stream producer, Stream consumer, std::uint64_t* count) {
+  std::lock_guard<std::mutex> lock(repeats_mutex_);
+  *count = ++repeats_[{producer, consumer}];
+  for (std::uint64_t power = 1; power <= *count; power *= 10) {
+    if (power == *count) return true;
+  }
+  return false;
+}
+
 void Audit::missing_wait(int device, std::uintptr_t address, std::size_t size, Stream producer, Stream consumer) {
   if (!logger_) return;
+  std::uint64_t count = 0;
+  if (!should_log_repeat(producer, consumer, &count)) return;
   logger_->warn(
-      "missing wait: block {:#x} ({}, device {}) was allocated on stream {:#x} and used on stream {:#x}, but "
+      "missing wait (#{} for this stream pair; logged at 1, 10, 100, ...): block {:#x} ({}, device {}) was "
+      "allocated on stream {:#x} and used on stream {:#x}, but "
       "stream {:#x} never waited for stream {:#x} after the allocation. The consumer may read the block before "
       "the producer finished writing it. record_stream only protects memory from reuse; order the consumer "
       "with consumer_stream.wait_event(event_recorded_on_producer) (or wait_stream) before using the tensor.",
-      address, format_bytes(size), device, producer, consumer, consumer, producer);
+      count, address, format_bytes(size), device, producer, consumer, consumer, producer);
 }
 
 void Audit::trace(int device, const char* what, std::uintptr_t address, std::size_t size, Stream stream) {

@@ -4,8 +4,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "streamalloc/options.hpp"
 #include "streamalloc/types.hpp"
@@ -37,8 +40,14 @@ class Audit {
   void flush();
 
  private:
+  // Repeated findings are logged the 1st, 10th, 100th... time per (producer, consumer) pair, so a bug
+  // in a training loop reads as one message with a count, not a flood. Stats count every one.
+  bool should_log_repeat(Stream producer, Stream consumer, std::uint64_t* count);
+
   AuditMode mode_;
   std::shared_ptr<spdlog::logger> logger_;
+  std::mutex repeats_mutex_;
+  std::map<std::pair<Stream, Stream>, std::uint64_t> repeats_;
 };
 
 }  // namespace streamalloc
