@@ -56,19 +56,21 @@ bench: build
 	@$(BUILD)/bench/streamalloc_bench --benchmark_out=$(BUILD)/bench.json --benchmark_out_format=json
 	@$(PYTHON) bench/report.py $(BUILD)/bench.json docs/benchmarks.md
 
+# The sanitizer runs keep the model fuzzer to 50k ops per case (the full 10^6 run is in `make test`).
+SANITIZER_FUZZ_OPS ?= 50000
 test-asan:
 	@.ci/setup-deps
 	@$(CMAKE) -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSTREAMALLOC_SANITIZE="address;undefined" \
 	  -DSTREAMALLOC_CUDA=OFF -DSTREAMALLOC_TORCH=OFF -DSTREAMALLOC_BUILD_BENCH=OFF >/dev/null
 	@$(CMAKE) --build build-asan -j $(JOBS) --target streamalloc_tests
-	ctest --test-dir build-asan --output-on-failure -j $(JOBS) -L cpu
+	STREAMALLOC_FUZZ_OPS=$(SANITIZER_FUZZ_OPS) ctest --test-dir build-asan --output-on-failure -j $(JOBS) -L cpu --timeout 1200
 
 test-tsan:
 	@.ci/setup-deps
 	@$(CMAKE) -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTREAMALLOC_SANITIZE=thread \
 	  -DSTREAMALLOC_CUDA=OFF -DSTREAMALLOC_TORCH=OFF -DSTREAMALLOC_BUILD_BENCH=OFF >/dev/null
 	@$(CMAKE) --build build-tsan -j $(JOBS) --target streamalloc_tests
-	ctest --test-dir build-tsan --output-on-failure -j $(JOBS) -L cpu
+	STREAMALLOC_FUZZ_OPS=$(SANITIZER_FUZZ_OPS) ctest --test-dir build-tsan --output-on-failure -j $(JOBS) -L cpu --timeout 1200
 
 # Open-ended libFuzzer run of the model-based fuzzer (clang). FUZZ_SECONDS bounds it (default 300).
 FUZZ_SECONDS ?= 300

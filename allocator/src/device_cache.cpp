@@ -178,6 +178,7 @@ void DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hin
   // A free issued on another stream than the allocation stream may still be using the block there.
   if (stream_hint != block->stream && stream_hint != 0 &&
       std::find(block->uses.begin(), block->uses.end(), stream_hint) == block->uses.end()) {
+    check_consumer_waited(block, stream_hint);
     block->uses.push_back(stream_hint);
   }
   live_.erase(it);
@@ -199,19 +200,18 @@ void DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hin
     stat_decrease(&DeviceStats::active_bytes, pool, static_cast<std::int64_t>(block->size));
     free_to_owner(block);
   } else {
-    if (sync_ != nullptr) check_consumers_waited(block);
     make_pending(block);
   }
 }
 
-// check_sync: every stream the block was used on should have been ordered after the allocation
-// stream's work that followed the allocation (a wait_event, or a host synchronize).
-void DeviceCache::check_consumers_waited(const Block* block) {
-  for (Stream used : block->uses) {
-    if (sync_->ordered_after(used, block->stream, block->alloc_tick)) continue;
-    ++stats_.missing_wait_warnings;
-    audit_.missing_wait(device_, block->address, block->size, block->stream, used);
-  }
+// check_sync: a stream the block is handed to should already be ordered after the allocation
+// stream's work that followed the allocation (a wait_event, or a host synchronize). Checked when the
+// use is declared (record_stream, or a free on another stream), where the seed's bug shows: the
+// consumer got the tensor without waiting for the producer.
+void DeviceCache::check_consumer_waited(const Block* block, Stream consumer) {
+  if (sync_ == nullptr || sync_->ordered_after(consumer, block->stream, block->alloc_tick)) return;
+  ++stats_.missing_wait_warnings;
+  audit_.missing_wait(device_, block->address, block->size, block->stream, consumer);
 }
 
 // Rule 3, no other uses: stream order makes the block safe for its allocation stream at once. It
@@ -437,6 +437,7 @@ void DeviceCache::record_stream(void* ptr, Stream stream) {
     audit_.record_stream_duplicate(device_, block->address, stream);
     return;
   }
+  check_consumer_waited(block, stream);
   block->uses.push_back(stream);
   ++block->record_calls;
   audit_.trace(device_, "record_stream", block->address, block->size, stream);

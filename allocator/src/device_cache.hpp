@@ -79,7 +79,7 @@ class DeviceCache {
   void release_oldest_quarantined();
   void flush_quarantine();
   bool close_batch(FenceQueue& queue);  // record a fence for the open batch; false if it was empty
-  void check_consumers_waited(const Block* block);
+  void check_consumer_waited(const Block* block, Stream consumer);
   void make_pending(Block* block);
   void release_pending(Block* block);
   void settle(Block* block);

@@ -71,7 +71,7 @@ using StatArray = std::array<Stat, kPoolKinds>;
   X(cross_stream_reuse_waited, "allocations served after a GPU-side wait on a fence")      \
   X(frees_deferred_capture, "frees whose fences waited for a graph capture to end")        \
   X(invalid_frees, "free calls rejected (double free, foreign pointer, wrong size/device)")    \
-  X(missing_wait_warnings, "check_sync: frees of blocks used on a stream never ordered after the producer")
+  X(missing_wait_warnings, "check_sync: uses declared on a stream not ordered after the producer")
 
 // Free-to-reusable latency histogram: bucket i counts blocks whose time from free to settled
 // (reusable by any stream) was below kLatencyBucketUs[i] microseconds (last bucket: the rest).

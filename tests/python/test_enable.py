@@ -1,0 +1,185 @@
+"""enable() on any machine: option validation, idempotence, path choice, and no CUDA work.
+
+Each case runs in a fresh interpreter, because enabling is once per process."""
+
+import json
+
+import pytest
+
+from support import HAS_EXTENSION, requires_native, requires_torch, run_code
+
+pytestmark = [requires_native, requires_torch]
+
+
+def run_enable(body: str, env=None):
+    code = "import json, torch, streamalloc\n" + body
+    return run_code(code, env=env)
+
+
+def test_unknown_key_is_named_before_any_cuda_work():
+    result = run_enable(
+        "try:\n"
+        "    streamalloc.enable(audit='warn', bogus_key=1)\n"
+        "except ValueError as e:\n"
+        "    print(json.dumps({'error': str(e), 'type': type(e).__name__, 'enabled': streamalloc.is_enabled(),\n"
+        "                      'cuda_initialized': torch.cuda.is_initialized()}))\n")
+    out = json.loads(result.stdout.splitlines()[-1])
+    assert out["type"] == "ConfigError"
+    assert "unknown option 'bogus_key'" in out["error"]
+    assert "keyword argument of streamalloc.enable()" in out["error"]
+    assert "known options: backend" in out["error"]  # the accepted keys are listed
+    assert not out["enabled"] and not out["cuda_initialized"]
+
+
+def test_bad_value_names_the_accepted_values():
+    result = run_enable(
+        "try:\n"
+        "    streamalloc.enable('poison:always')\n"
+        "except ValueError as e:\n"
+        "    print(e)\n")
+    assert "bad value 'always' for option 'poison'; accepted: off|free|alloc|both" in result.stdout
+
+
+def test_bad_item_in_the_environment_is_reported():
+    result = run_enable(
+        "try:\n"
+        "    streamalloc.enable()\n"
+        "except ValueError as e:\n"
+        "    print(e)\n", env={"STREAMALLOC_CONF": "audit"})
+    assert "malformed item 'audit' in STREAMALLOC_CONF" in result.stdout
+
+
+def test_simulated_backend_is_refused_under_torch():
+    result = run_enable(
+        "try:\n"
+        "    streamalloc.enable(backend='sim')\n"
+        "except ValueError as e:\n"
+        "    print(e)\n")
+    assert "backend:sim" in result.stdout and "cannot serve PyTorch" in result.stdout
+
+
+def test_enable_installs_without_initialising_cuda_and_reads_the_environment():
+    result = run_enable(
+        "streamalloc.enable()\n"
+        "print(json.dumps({'enabled': streamalloc.is_enabled(), 'path': streamalloc.active_path(),\n"
+        "                  'conf': streamalloc.enabled_conf(), 'cuda_initialized': torch.cuda.is_initialized(),\n"
+        "                  'stats': streamalloc.stats(), 'blocks': streamalloc.blocks()}))\n",
+        env={"STREAMALLOC_CONF": "audit:warn,quarantine_mb:4"})
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.splitlines()[-1])
+    assert out["enabled"] and not out["cuda_initialized"]
+    assert out["path"] == ("extension" if HAS_EXTENSION else "c-abi")
+    assert "audit:warn" in out["conf"] and "quarantine_mb:4" in out["conf"]
+    # The allocator is created by PyTorch's CUDA init; until then there is nothing to report.
+    assert out["stats"] == {} and out["blocks"] == []
+
+
+def test_keyword_options_override_the_environment_and_conf_ignores_it():
+    result = run_enable(
+        "streamalloc.enable(audit='trace')\n"
+        "print(streamalloc.enabled_conf())\n", env={"STREAMALLOC_CONF": "audit:warn,poison:free"})
+    conf = result.stdout.strip().splitlines()[-1]
+    assert "audit:trace" in conf and "poison:free" in conf
+    result = run_enable(
+        "streamalloc.enable('check_sync:1')\n"
+        "print(streamalloc.enabled_conf())\n", env={"STREAMALLOC_CONF": "poison:free"})
+    conf = result.stdout.strip().splitlines()[-1]
+    assert "check_sync:1" in conf and "poison:free" not in conf
+
+
+def test_enabling_twice_is_a_no_op_when_identical_and_an_error_otherwise():
+    result = run_enable(
+        "streamalloc.enable(audit='warn')\n"
+        "streamalloc.enable('audit:warn')\n"
+        "try:\n"
+        "    streamalloc.enable(audit='warn', poison='free')\n"
+        "except RuntimeError as e:\n"
+        "    print(e)\n")
+    assert result.returncode == 0, result.stderr
+    assert "already enabled with other options" in result.stdout
+    assert "poison: enabled with" in result.stdout and "'free'" in result.stdout
+
+
+def test_enable_after_cuda_init_says_how_to_fix_it():
+    # Stands in for a real CUDA init (tests/python/test_gpu_torch.py has the real one): enable() must
+    # look at PyTorch's state before installing anything.
+    result = run_enable(
+        "torch.cuda.is_initialized = lambda: True\n"
+        "try:\n"
+        "    streamalloc.enable()\n"
+        "except RuntimeError as e:\n"
+        "    print(json.dumps({'error': str(e), 'enabled': streamalloc.is_enabled()}))\n")
+    out = json.loads(result.stdout.splitlines()[-1])
+    assert "after CUDA was initialised" in out["error"]
+    assert "python -m streamalloc script.py" in out["error"]
+    assert not out["enabled"]
+
+
+def test_c_abi_path_can_be_forced():
+    result = run_enable(
+        "streamalloc.enable()\n"
+        "print(streamalloc.active_path(), type(torch._C._cuda_getAllocator()).__name__)\n",
+        env={"STREAMALLOC_TORCH_PATH": "c-abi"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["c-abi", "_CUDAPluggableAllocator"]
+
+
+def test_unknown_path_choice_is_an_error():
+    result = run_enable(
+        "try:\n"
+        "    streamalloc.enable()\n"
+        "except ValueError as e:\n"
+        "    print(e)\n", env={"STREAMALLOC_TORCH_PATH": "fast"})
+    assert "STREAMALLOC_TORCH_PATH='fast' is not one of auto, extension, c-abi" in result.stdout
+
+
+def test_queries_before_enable_say_what_to_do():
+    result = run_enable(
+        "try:\n"
+        "    streamalloc.stats()\n"
+        "except RuntimeError as e:\n"
+        "    print(e)\n")
+    assert "not enabled" in result.stdout and "python -m streamalloc" in result.stdout
+
+
+@pytest.mark.skipif(not HAS_EXTENSION, reason="the LibTorch extension (_torch_ext) was not built")
+def test_extension_serves_pytorchs_memory_queries():
+    result = run_enable(
+        "streamalloc.enable(audit='warn')\n"
+        "snapshot = torch.cuda.memory._snapshot()\n"
+        "try:\n"
+        "    torch._C._cuda_memoryStats(0)\n"
+        "    stats_error = None\n"
+        "except RuntimeError as e:\n"
+        "    stats_error = str(e)\n"
+        "print(json.dumps({'segments': snapshot['segments'], 'traces': snapshot['device_traces'],\n"
+        "                  'settings': snapshot['allocator_settings']['PYTORCH_CUDA_ALLOC_CONF'],\n"
+        "                  'conf': streamalloc.enabled_conf(), 'stats_error': stats_error,\n"
+        "                  'cuda_initialized': torch.cuda.is_initialized()}))\n")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.splitlines()[-1])
+    # snapshot() is streamalloc's override: empty before CUDA init, with streamalloc's options where
+    # PyTorch's allocator puts PYTORCH_CUDA_ALLOC_CONF.
+    assert out["segments"] == [] and out["traces"] == []
+    assert out["settings"] == out["conf"] and "audit:warn" in out["conf"]
+    assert not out["cuda_initialized"]
+    if out["stats_error"] is not None:  # no GPU here: the override is reached and says why it cannot serve
+        assert out["stats_error"].startswith("streamalloc:")
+
+
+@pytest.mark.parametrize("check_sync", [False, True])
+def test_check_sync_forwards_pytorchs_gpu_trace(check_sync):
+    result = run_enable(
+        f"streamalloc.enable(check_sync={check_sync})\n"
+        "from torch.cuda import _gpu_trace as t\n"
+        "registries = [t.EventRecordCallbacks, t.EventWaitCallbacks, t.StreamSynchronizationCallbacks,\n"
+        "              t.DeviceSynchronizationCallbacks]\n"
+        "# Fired by hand: before CUDA init there is no allocator, and the forwarding must not fail.\n"
+        "t.EventRecordCallbacks.fire_callbacks(0x1000, 0x2000)\n"
+        "t.EventWaitCallbacks.fire_callbacks(0x1000, 0)\n"
+        "t.StreamSynchronizationCallbacks.fire_callbacks(0x2000)\n"
+        "t.DeviceSynchronizationCallbacks.fire_callbacks()\n"
+        "print(json.dumps([len(r.callback_list) for r in registries]))\n")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1]) == [1 if check_sync else 0] * 4
+    assert "Exception in callback" not in result.stderr

@@ -1,0 +1,185 @@
+"""streamalloc as PyTorch's CUDA allocator, on a GPU.
+
+PyTorch chooses its CUDA allocator once per process, so every case runs its body in a fresh
+interpreter: a probe script under tests/python/scripts/ or an example under examples/, started with
+`python -m streamalloc` or, for the comparison runs, with plain `python` (PyTorch's own allocator).
+"""
+
+import math
+
+import pytest
+
+from support import (EXAMPLES, HAS_EXTENSION, SCRIPTS, last_json, requires_cuda, requires_extension,
+                     requires_native, run_python)
+
+pytestmark = [requires_cuda, requires_native]
+
+PIPELINE_STEPS = "3000"
+
+
+def run(script, *args, streamalloc=True, conf=None, path=None, timeout=300):
+    argv = [str(script), *map(str, args)]
+    if streamalloc:
+        argv = ["-m", "streamalloc", *argv]
+    env = {}
+    if conf:
+        env["STREAMALLOC_CONF"] = conf
+    if path:
+        env["STREAMALLOC_TORCH_PATH"] = path
+    result = run_python(argv, env=env, timeout=timeout)
+    assert result.returncode == 0, (f"{' '.join(argv)} exited {result.returncode}\n--- stdout\n{result.stdout}"
+                                    f"\n--- stderr\n{result.stderr}")
+    return last_json(result)
+
+
+# ---- PyTorch's record_stream contract ----
+
+@pytest.mark.parametrize("allocator", ["native", "streamalloc"])
+def test_record_stream_contract(allocator):
+    out = run(SCRIPTS / "record_stream_semantics.py", streamalloc=allocator == "streamalloc")
+    s = out["scenarios"]
+    for name in s:
+        assert s[name]["side_busy"], f"{name}: the side stream finished before the checks; raise BUSY_CYCLES"
+    # Control: without record_stream the allocator reuses the block at once (unsafe, and expected).
+    assert s["unprotected"]["reused_while_busy"]
+    # Recorded on the busy stream (directly, or through a view starting inside it): not reused early...
+    assert not s["record_base"]["reused_while_busy"]
+    assert not s["record_view"]["reused_while_busy"]
+    # ...and reusable once that stream is synchronised.
+    assert s["record_base"]["reused_after_sync"]
+    assert s["record_view"]["reused_after_sync"]
+    if allocator == "streamalloc":
+        side = out["side_stream"]
+        for name in ("record_base", "record_view"):
+            assert s[name]["state_while_busy"] == "active_pending_free"
+            assert s[name]["recorded_streams"] == [side]
+        assert out["stream_stats"]["record_stream_calls"] == 2
+
+
+# ---- the seed's pipelines ----
+
+@pytest.fixture(scope="module")
+def native_pipelines():
+    """Each fixed pipeline under PyTorch's allocator, run once for all comparisons."""
+    return {name: run(EXAMPLES / f"{name}.py", "--steps", PIPELINE_STEPS, streamalloc=False)
+            for name in ("seed_fixed_pipeline", "seed_double_buffered")}
+
+
+@pytest.mark.parametrize("name", ["seed_fixed_pipeline", "seed_double_buffered"])
+def test_fixed_pipelines_are_bit_identical_to_native(name, native_pipelines):
+    native = native_pipelines[name]
+    # poison:both turns any premature reuse or early read into NaN, so "identical" is a strong claim.
+    ours = run(EXAMPLES / f"{name}.py", "--steps", PIPELINE_STEPS, conf="poison:both")
+    assert native["mismatched_steps"] == 0 and ours["mismatched_steps"] == 0
+    assert ours["nan_steps"] == 0
+    assert ours["digest"] == native["digest"]
+    stream_stats = ours["stream_stats"]
+    assert stream_stats["record_stream_calls"] == int(PIPELINE_STEPS)  # one per batch
+    assert stream_stats["record_stream_duplicate"] == 0
+    assert stream_stats["record_stream_on_alloc_stream"] == 0
+    # Fences are batched: never more than one per recorded use.
+    assert stream_stats["fences_recorded"] <= stream_stats["record_stream_calls"]
+
+
+def test_fixed_pipeline_through_the_c_abi(native_pipelines):
+    ours = run(EXAMPLES / "seed_fixed_pipeline.py", "--steps", PIPELINE_STEPS, conf="poison:both", path="c-abi")
+    assert ours["allocator"] == "streamalloc (c-abi)"
+    assert ours["mismatched_steps"] == 0
+    assert ours["digest"] == native_pipelines["seed_fixed_pipeline"]["digest"]
+    assert ours["stream_stats"]["record_stream_calls"] == int(PIPELINE_STEPS)
+
+
+@pytest.mark.parametrize("name, conf", [("seed_broken_pipeline", "poison:both"),
+                                        ("seed_missing_record_stream", "poison:free,quarantine_mb:64")])
+def test_broken_pipelines_show_up_as_nan(name, conf):
+    # Under PyTorch's allocator these read stale but finite data; poisoning makes the bug loud.
+    ours = run(EXAMPLES / f"{name}.py", "--steps", 300, conf=conf)
+    assert ours["mismatched_steps"] > 0
+    assert ours["nan_steps"] > 0
+
+
+@pytest.mark.parametrize("name, missing_wait", [("seed_broken_pipeline", True), ("seed_fixed_pipeline", False),
+                                                 ("seed_double_buffered", False)])
+def test_check_sync_flags_exactly_the_missing_wait(name, missing_wait):
+    # check_sync sees the program's event records and waits through PyTorch's GPU trace hooks.
+    ours = run(EXAMPLES / f"{name}.py", "--steps", 200, conf="check_sync:1")
+    warnings = ours["stream_stats"]["missing_wait_warnings"]
+    assert (warnings > 0) == missing_wait, f"{name}: {warnings} missing-wait warnings"
+
+
+# ---- training ----
+
+def test_training_reaches_the_same_loss_as_native():
+    args = ("--epochs", 2, "--samples", 1024)
+    native = run(EXAMPLES / "train_with_prefetcher.py", *args, streamalloc=False)
+    ours = run(EXAMPLES / "train_with_prefetcher.py", *args)
+    # Deterministic algorithms, same seed: the allocator must not change a single bit.
+    assert ours["losses"] == native["losses"]
+    assert ours["losses"][-1] < ours["losses"][0]
+    assert ours["stream_stats"]["record_stream_calls"] > 0
+
+
+def test_cudnn_benchmark_works():
+    import torch
+
+    if not torch.backends.cudnn.is_available():
+        pytest.skip("cuDNN is not available to this PyTorch")
+    # cudnn.benchmark sizes its workspaces from cacheInfo(), which PyTorch's pluggable base class
+    # refuses; streamalloc serves it.
+    ours = run(EXAMPLES / "train_with_prefetcher.py", "--benchmark", "--epochs", 1, "--samples", 512)
+    assert ours["benchmark"] and math.isfinite(ours["final_loss"])
+
+
+# ---- PyTorch's memory APIs, served from streamalloc's numbers ----
+
+@requires_extension
+def test_memory_stats_match_native_keys_and_live_bytes():
+    native = run(SCRIPTS / "memory_stats_probe.py", streamalloc=False)
+    ours = run(SCRIPTS / "memory_stats_probe.py")
+    assert ours["allocator"] == "extension"
+    assert ours["keys"] == native["keys"]
+    for out in (native, ours):
+        assert out["memory_allocated"] == out["expected_allocated"]
+        assert out["live_allocations"] == 8
+        assert out["peak_with_big"] >= out["expected_allocated"] + (64 << 20)
+        assert out["current_after_big"] == out["expected_allocated"]
+        assert out["peak_after_reset"] == out["current_after_reset"]
+        assert out["fraction"] == 1.0
+    assert ours["differing"] == {}  # torch.cuda.memory_stats() is streamalloc.stats()["memory_stats"]
+    assert ours["streamalloc_only_keys"] == []
+
+
+@requires_extension
+def test_snapshot_is_readable_by_memory_viz():
+    out = run(SCRIPTS / "snapshot_probe.py", conf="audit:warn")
+    views = ["segsum", "trace", "segments", "memory", "trace_plot", "segment_plot"]
+    assert out["viz_torch"] == views and out["viz_streamalloc"] == views
+    assert out["states"].get("active_allocated", 0) >= 4
+    assert out["states"].get("active_pending_free", 0) >= 1
+    assert out["segment_allocated_sum"] == out["memory_allocated"]
+    [pending] = out["pending_in_ours"]
+    assert pending["state"] == "active_pending_free" and pending["recorded_streams"] == [out["side_stream"]]
+    assert "audit:warn" in out["settings"]
+    assert out["pickled_segments"] > 0
+
+
+@requires_extension
+def test_out_of_memory_raises_and_training_continues():
+    out = run(SCRIPTS / "oom_probe.py", conf="memory_fraction:0.05")
+    for key in ("huge", "capped"):
+        assert out[key].startswith("CUDA out of memory."), out[key]
+        assert "streamalloc" in out[key]
+    assert out["gib_held_at_oom"] >= 1
+    assert math.isfinite(out["loss_after"])
+    assert out["num_ooms"] >= 2
+    assert len(out["observer_calls"]) >= 2 and all(call[0] == 0 for call in out["observer_calls"])
+
+
+def test_enable_after_cuda_init_fails_clearly():
+    out = run(SCRIPTS / "too_late.py", streamalloc=False)
+    assert "after CUDA was initialised" in out["enable"]
+    assert "python -m streamalloc script.py" in out["enable"]
+    if HAS_EXTENSION:
+        assert "already initialised" in out["extension"]
+    assert not out["enabled"]
+    assert out["still_works"] == 4.0

@@ -1,0 +1,95 @@
+// TorchAllocator: streamalloc behind PyTorch's CUDAAllocator interface.
+//
+// It derives from CUDAPluggableAllocator because that is the class PyTorch lets a process install
+// (changeCurrentAllocator), but it bypasses the base class wherever the base would cost or fail:
+//  - allocate()/raw_alloc*/raw_delete and the DataPtr deleter call streamalloc's Allocator directly.
+//    The base class keeps its own pointer -> (size, device, stream) map behind one global mutex on
+//    every malloc and free; streamalloc already keeps a pointer table per device, so that map would be
+//    pure overhead and a point of contention between threads.
+//  - getDeviceStats, resetPeakStats, snapshot, cacheInfo, getMemoryFraction, which the base class
+//    rejects, are served from streamalloc's own stats and block table.
+//  - an allocation that does not fit throws c10::OutOfMemoryError (torch.cuda.OutOfMemoryError in
+//    Python) with streamalloc's report, where the base class would hand PyTorch a null pointer.
+// The translation of stats and snapshots lives in torch_convert.hpp; the policy lives in the core.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+
+#include "streamalloc/allocator.hpp"
+#include "streamalloc/options.hpp"
+
+namespace streamalloc::torch {
+
+class TorchAllocator final : public ::torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator {
+  using Base = ::torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
+  using MempoolId = c10::MempoolId_t;
+
+ public:
+  // `options.backend` must not be kSim; install() checks. No CUDA work happens until init().
+  explicit TorchAllocator(Options options);
+
+  const Options& options() const { return options_; }
+  // nullptr until PyTorch's CUDA init (or the first allocation) created it.
+  streamalloc::Allocator* core() const { return core_.load(std::memory_order_acquire); }
+
+  // ---- the hot path ----
+  c10::DataPtr allocate(size_t size) override;
+  c10::DeleterFnPtr raw_deleter() const override;
+  void* raw_alloc(size_t nbytes) override;
+  void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override;
+  void raw_delete(void* ptr) override;
+  void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override;
+
+  // ---- life cycle and policy ----
+  void init(int device_count) override;
+  void emptyCache(MempoolId mempool_id = {0, 0}) override;
+  double getMemoryFraction(c10::DeviceIndex device) override;
+  void setMemoryFraction(double fraction, c10::DeviceIndex device) override;
+  void cacheInfo(c10::DeviceIndex device, size_t* largest_block) override;
+  void* getBaseAllocation(void* ptr, size_t* size) override;
+
+  // ---- statistics and snapshots, from streamalloc's own numbers ----
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
+  void resetAccumulatedStats(c10::DeviceIndex device) override;
+  void resetPeakStats(c10::DeviceIndex device) override;
+  c10::cuda::CUDACachingAllocator::SnapshotInfo snapshot(MempoolId mempool_id = {0, 0},
+                                                         bool include_traces = true) override;
+  void recordHistory(bool enabled, c10::cuda::CUDACachingAllocator::CreateContextFn context_recorder,
+                     size_t alloc_trace_max_entries, c10::cuda::CUDACachingAllocator::RecordContext when,
+                     bool clear_history, const std::vector<std::string>& skip_actions) override;
+  bool isHistoryEnabled() override { return false; }
+  void attachOutOfMemoryObserver(c10::cuda::CUDACachingAllocator::OutOfMemoryObserver observer) override;
+  void attachAllocatorTraceTracker(c10::cuda::CUDACachingAllocator::AllocatorTraceTracker tracker) override;
+
+  // ---- what streamalloc does not provide: refused with a message saying so ----
+  void beginAllocateToPool(c10::DeviceIndex device, MempoolId mempool_id,
+                           std::function<bool(cudaStream_t)> filter) override;
+  void endAllocateToPool(c10::DeviceIndex device, MempoolId mempool_id) override;
+  void releasePool(c10::DeviceIndex device, MempoolId mempool_id) override;
+
+  std::string name() override { return "streamalloc"; }
+
+  // The allocator the process-wide deleter frees into (the installed one).
+  static void set_current(TorchAllocator* allocator);
+
+ private:
+  streamalloc::Allocator& core_or_create();
+  void* allocate_on(size_t size, c10::DeviceIndex device, cudaStream_t stream);
+  [[noreturn]] void throw_out_of_memory(const Error& error, size_t size, c10::DeviceIndex device);
+  static void delete_block(void* ptr);
+
+  const Options options_;
+  std::atomic<streamalloc::Allocator*> core_{nullptr};
+  std::unique_ptr<streamalloc::Allocator> owned_core_;  // created once, by init() or the first allocation
+  std::mutex create_mutex_;
+  std::mutex observers_mutex_;
+  std::vector<c10::cuda::CUDACachingAllocator::OutOfMemoryObserver> oom_observers_;
+};
+
+}  // namespace streamalloc::torch

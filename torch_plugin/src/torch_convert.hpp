@@ -1,0 +1,23 @@
+// Translation of streamalloc's statistics and block table into PyTorch's structs, so that
+// torch.cuda.memory_stats(), memory_allocated(), _snapshot() and torch.cuda._memory_viz read
+// streamalloc's numbers with PyTorch's own key names and shapes.
+#pragma once
+
+#include <vector>
+
+#include <c10/cuda/CUDACachingAllocator.h>
+
+#include "streamalloc/allocator.hpp"
+#include "streamalloc/options.hpp"
+#include "streamalloc/stats.hpp"
+
+namespace streamalloc::torch {
+
+c10::CachingDeviceAllocator::DeviceStats to_torch_stats(const DeviceStats& stats);
+
+// Segments of every device (Allocator::segments(-1)); one empty trace list per device, since
+// streamalloc records no allocation history.
+c10::cuda::CUDACachingAllocator::SnapshotInfo to_torch_snapshot(const std::vector<SegmentInfo>& segments,
+                                                               int device_count, const Options& options);
+
+}  // namespace streamalloc::torch
