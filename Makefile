@@ -34,7 +34,11 @@ test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 600
 	$(PYTEST) || [ $$? -eq 5 ]
 
+# The main job: the allocation benchmark (short run, every peer on this machine), then the seed's
+# multi-stream pipeline with the per-block stream report. Each says whether it ran on the GPU or the
+# simulated device.
 demo: build
+	@$(BUILD)/bench/streamalloc_bench --short
 	@$(BUILD)/bench/streamalloc_demo
 
 gpu-test:
@@ -52,9 +56,16 @@ gpu-test:
 gpu-sanitize: build
 	compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 $(BUILD)/tests/streamalloc_gpu_tests
 
+# Full run: the benchmark (3 repetitions, medians), every trace replayed on every peer, the PyTorch-level
+# loop, then docs/benchmarks.md and its plots.
 bench: build
-	@$(BUILD)/bench/streamalloc_bench --benchmark_out=$(BUILD)/bench.json --benchmark_out_format=json
-	@$(PYTHON) bench/report.py $(BUILD)/bench.json docs/benchmarks.md
+	$(BUILD)/bench/streamalloc_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+	  --benchmark_out=$(BUILD)/bench.json --benchmark_out_format=json
+	rm -f $(BUILD)/replay-*.json; for t in bench/traces/*.trace; do \
+	  $(BUILD)/bench/streamalloc_replay "$$t" --peers all --json "$(BUILD)/replay-$$(basename "$$t" .trace).json" || exit 1; done
+	STREAMALLOC_LIBRARY_DIR=$(abspath $(BUILD))/lib PYTHONPATH=$(abspath torch_plugin) $(PYTHON) bench/torch_empty.py \
+	  --json $(BUILD)/torch_empty.json || true
+	$(PYTHON) bench/report.py $(BUILD)/bench.json $(BUILD)/replay-*.json $(BUILD)/torch_empty.json docs/benchmarks.md
 
 # The sanitizer runs keep the model fuzzer to 50k ops per case (the full 10^6 run is in `make test`).
 SANITIZER_FUZZ_OPS ?= 50000

@@ -191,8 +191,8 @@ void DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hin
   }
   audit_.trace(device_, "free", block->address, block->size, block->stream);
   block->requested = 0;
-  block->since = Clock::now();
   if (block->uses.empty()) {
+    block->since = coarse_now();
     if (options_.poison == PoisonMode::kFree || options_.poison == PoisonMode::kBoth) {
       backend_.memset_async(device_, ptr, 0xFF, block->size, block->stream);
     }
@@ -200,6 +200,7 @@ void DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hin
     stat_decrease(&DeviceStats::active_bytes, pool, static_cast<std::int64_t>(block->size));
     free_to_owner(block);
   } else {
+    block->since = Clock::now();  // precise: the free-to-reusable latency is measured from here
     make_pending(block);
   }
 }
@@ -301,6 +302,13 @@ void DeviceCache::release_pending(Block* block) {
     // In the allocation stream's order, after the fences: the block is truly free now.
     backend_.memset_async(device_, reinterpret_cast<void*>(block->address), 0xFF, block->size, block->stream);
   }
+  const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - block->since).count();
+  for (std::size_t i = 0; i < kLatencyBucketUs.size(); ++i) {
+    if (waited < kLatencyBucketUs[i]) {
+      ++stats_.free_to_reusable_us[i];
+      break;
+    }
+  }
   block->state = BlockState::kFree;
   block->settled = false;
   block->uses.clear();
@@ -314,16 +322,7 @@ void DeviceCache::settle(Block* block) {
   insert_free(merge_free_neighbours(block));
 }
 
-void DeviceCache::mark_settled(Block* block) {
-  block->settled = true;
-  const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - block->since).count();
-  for (std::size_t i = 0; i < kLatencyBucketUs.size(); ++i) {
-    if (waited < kLatencyBucketUs[i]) {
-      ++stats_.free_to_reusable_us[i];
-      break;
-    }
-  }
-}
+void DeviceCache::mark_settled(Block* block) { block->settled = true; }
 
 void DeviceCache::finish_fence(FenceQueue& queue, Fence& fence) {
   for (Block* block : fence.pending) {

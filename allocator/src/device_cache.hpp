@@ -83,7 +83,7 @@ class DeviceCache {
   void make_pending(Block* block);
   void release_pending(Block* block);
   void settle(Block* block);
-  void mark_settled(Block* block);  // sets the flag and records the free-to-reusable latency
+  void mark_settled(Block* block);
   void finish_fence(FenceQueue& queue, Fence& fence);
   void close_batches_and_poll();
   void synchronize_all_fences(bool for_memory = false);

@@ -160,7 +160,7 @@ Block* DeviceCache::take(Block* block, std::size_t size, std::size_t requested, 
   block->uses.clear();
   block->record_calls = 0;
   block->fences_left = 0;
-  block->since = Clock::now();
+  block->since = coarse_now();
   if (sync_ != nullptr) block->alloc_tick = sync_->tick(stream);
   live_.emplace(block->address, block);
   stat_increase(&DeviceStats::allocation, pool, 1);

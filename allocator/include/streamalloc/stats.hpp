@@ -73,8 +73,9 @@ using StatArray = std::array<Stat, kPoolKinds>;
   X(invalid_frees, "free calls rejected (double free, foreign pointer, wrong size/device)")    \
   X(missing_wait_warnings, "check_sync: uses declared on a stream not ordered after the producer")
 
-// Free-to-reusable latency histogram: bucket i counts blocks whose time from free to settled
-// (reusable by any stream) was below kLatencyBucketUs[i] microseconds (last bucket: the rest).
+// Free-to-reusable latency histogram of pending blocks: bucket i counts blocks whose time from the free
+// to the completion of their last fence (reusable again on their allocation stream) was below
+// kLatencyBucketUs[i] microseconds (last bucket: the rest).
 inline constexpr std::array<std::int64_t, 8> kLatencyBucketUs = {10, 100, 1000, 10000, 100000,
                                                                   1000000, 10000000, INT64_MAX};
 

@@ -1,0 +1,89 @@
+// Peers: the allocators the benchmarks and the trace replay compare, behind one small interface, so
+// that each scenario is written once and registered once per peer.
+//
+// Peers (each only where it exists on the machine; docs/benchmarking.md):
+//   streamalloc       streamalloc's C++ Allocator, on the CUDA backend with a GPU, else the simulated device
+//   streamalloc_cabi  the same allocator through the C ABI (libstreamalloc.so), as PyTorch calls it
+//   torch_native      PyTorch's CUDACachingAllocator through LibTorch (built with Torch, run with a GPU)
+//   cudaMallocAsync   the default memory pool with its release threshold at UINT64_MAX (GPU only)
+//   cudaMalloc        no caching at all (GPU only)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "streamalloc/types.hpp"
+
+namespace streamalloc::bench {
+
+// Peak memory of a peer since its last reset_memory(), in bytes; -1 where the peer cannot tell.
+struct MemoryPeaks {
+  std::int64_t reserved = -1;   // device memory the peer held (cached or in use)
+  std::int64_t allocated = -1;  // memory handed to callers
+};
+
+// One allocator under test. Calls may come from several threads at once (the threads scenario);
+// every peer is as thread-safe as the allocator it wraps.
+class Peer {
+ public:
+  virtual ~Peer() = default;
+
+  // Memory for `size` bytes that is safe for work on `stream`. Throws std::exception on failure.
+  virtual void* alloc(std::size_t size, Stream stream) = 0;
+  // Free memory from alloc(); `size` and `stream` are the ones passed to alloc().
+  virtual void free(void* ptr, std::size_t size, Stream stream) = 0;
+  // Declare that `stream` uses the block at `ptr`, as Tensor.record_stream does. Peers without the
+  // notion do what a careful user of that allocator would do instead (see each implementation).
+  virtual void record_stream(void* ptr, Stream stream) = 0;
+
+  // The k-th stream (k = 0, 1, ...) of this peer's device, created on first use: real non-blocking
+  // CUDA streams on a GPU, SimBackend streams on the simulated device. Not thread-safe: create the
+  // streams a benchmark needs before its threads start.
+  virtual Stream stream(int k) = 0;
+
+  // Wait until all device work of this peer is done (outside timed regions).
+  virtual void synchronize() = 0;
+  // Give cached memory back to the device and restart peak tracking.
+  virtual void reset_memory() = 0;
+  virtual MemoryPeaks peaks() = 0;
+};
+
+// A peer that can be opened: name, device, and a factory.
+struct PeerKind {
+  std::string name;    // streamalloc | streamalloc_cabi | torch_native | cudaMallocAsync | cudaMalloc
+  std::string device;  // "sim" or "cuda": where the peer runs, shown in every result
+  std::function<std::unique_ptr<Peer>()> open;
+
+  // "name@device", the peer's part of every benchmark name.
+  std::string id() const { return name + "@" + device; }
+};
+
+// Which device streamalloc runs on.
+enum class DeviceChoice { kAuto, kSim, kCuda };
+
+struct PeerSelection {
+  DeviceChoice device = DeviceChoice::kAuto;
+  // Extra streamalloc options ("key:value,..."), applied to both streamalloc peers; the backend key
+  // is set from `device`.
+  std::string streamalloc_conf;
+  // Peer names to keep; empty keeps all available ones.
+  std::vector<std::string> names;
+};
+
+// The peers available in this build on this machine, in a fixed order (streamalloc peers first).
+// Throws std::runtime_error when the selection asks for a device that is not there, names a peer that
+// does not exist or is not available here (the message says which and why), or has bad streamalloc
+// options (streamalloc::Error).
+std::vector<PeerKind> available_peers(const PeerSelection& selection);
+
+// Facts about the machine for reports: "gpu_name", "gpu_memory", "cuda_runtime", "torch", ...
+std::vector<std::pair<std::string, std::string>> machine_context();
+
+// Parse "sim" | "cuda" | "auto"; throws std::invalid_argument naming the accepted values.
+DeviceChoice parse_device_choice(const std::string& text);
+
+}  // namespace streamalloc::bench

@@ -1,0 +1,36 @@
+// The factories behind available_peers(), one per peer family and file, plus the CUDA helpers they
+// share. Internal to bench/: scenarios only see peer.hpp.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "peer.hpp"
+
+namespace streamalloc::bench {
+
+// peer_streamalloc.cpp: the C++ Allocator and the C ABI, on the CUDA backend (`cuda`) or the
+// simulated device.
+PeerKind streamalloc_peer_kind(bool cuda, const std::string& conf);
+PeerKind streamalloc_cabi_peer_kind(bool cuda, const std::string& conf);
+
+#ifdef STREAMALLOC_BENCH_CUDA
+// peer_cuda.cpp: the CUDA runtime's allocators and the process-wide stream pool.
+bool gpu_present();
+// The k-th of the process-wide non-blocking streams on device 0, created on first use and kept until
+// exit, so every CUDA peer and every benchmark sees the same stream handles.
+Stream cuda_pool_stream(int k);
+void cuda_synchronize_device();
+PeerKind cuda_malloc_async_peer_kind();
+PeerKind cuda_malloc_peer_kind();
+std::vector<std::pair<std::string, std::string>> cuda_context();
+#endif
+
+#ifdef STREAMALLOC_BENCH_TORCH
+// peer_torch.cpp: PyTorch's native CUDACachingAllocator (needs a GPU at run time).
+PeerKind torch_native_peer_kind();
+std::string torch_version();
+#endif
+
+}  // namespace streamalloc::bench

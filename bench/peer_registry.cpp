@@ -1,0 +1,124 @@
+// available_peers(): which peers this build and this machine offer, decided once at start-up.
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "peer_kinds.hpp"
+#include "streamalloc/allocator.hpp"
+
+namespace streamalloc::bench {
+namespace {
+
+bool gpu_here() {
+#ifdef STREAMALLOC_BENCH_CUDA
+  return gpu_present();
+#else
+  return false;
+#endif
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out;
+}
+
+// Every peer name with the reason it is missing here, or "" when it is available.
+std::vector<std::pair<std::string, std::string>> peer_names(bool gpu) {
+  const char* no_gpu = "needs a GPU (none found)";
+  std::string torch_reason;
+#ifdef STREAMALLOC_BENCH_TORCH
+  torch_reason = gpu ? "" : no_gpu;
+#else
+  torch_reason = "this build has no LibTorch (Torch was not found at configure time)";
+#endif
+#ifdef STREAMALLOC_BENCH_CUDA
+  const std::string cuda_reason = gpu ? "" : no_gpu;
+#else
+  const std::string cuda_reason = "this build has no CUDA (the toolkit was not found at configure time)";
+#endif
+  return {{"streamalloc", ""},
+          {"streamalloc_cabi", ""},
+          {"torch_native", torch_reason},
+          {"cudaMallocAsync", cuda_reason},
+          {"cudaMalloc", cuda_reason}};
+}
+
+}  // namespace
+
+DeviceChoice parse_device_choice(const std::string& text) {
+  if (text == "auto") return DeviceChoice::kAuto;
+  if (text == "sim") return DeviceChoice::kSim;
+  if (text == "cuda") return DeviceChoice::kCuda;
+  throw std::invalid_argument("unknown device '" + text + "': use sim, cuda or auto");
+}
+
+std::vector<PeerKind> available_peers(const PeerSelection& selection) {
+  // A bad option is one error now, not the same error in every benchmark later.
+  Options::parse(selection.streamalloc_conf);
+  const bool gpu = gpu_here();
+  bool streamalloc_on_cuda = gpu;
+  if (selection.device == DeviceChoice::kSim) streamalloc_on_cuda = false;
+  if (selection.device == DeviceChoice::kCuda) {
+    if (!cuda_backend_built()) {
+      throw std::runtime_error(
+          "device cuda requested, but this build has no CUDA backend (the CUDA toolkit was "
+          "not found at configure time); use sim");
+    }
+    if (!gpu) throw std::runtime_error("device cuda requested, but no GPU is present; use sim");
+    streamalloc_on_cuda = true;
+  }
+
+  const auto names = peer_names(gpu);
+  for (const std::string& wanted : selection.names) {
+    auto it = std::find_if(names.begin(), names.end(), [&](const auto& n) { return n.first == wanted; });
+    if (it == names.end()) {
+      std::vector<std::string> known;
+      for (const auto& n : names) known.push_back(n.first);
+      throw std::runtime_error("unknown peer '" + wanted + "'; peers are: " + join(known));
+    }
+    if (!it->second.empty()) throw std::runtime_error("peer '" + wanted + "' is not available here: " + it->second);
+  }
+  auto wanted = [&](const std::string& name) {
+    return selection.names.empty() ||
+           std::find(selection.names.begin(), selection.names.end(), name) != selection.names.end();
+  };
+
+  std::vector<PeerKind> peers;
+  if (wanted("streamalloc")) peers.push_back(streamalloc_peer_kind(streamalloc_on_cuda, selection.streamalloc_conf));
+  if (wanted("streamalloc_cabi")) {
+    peers.push_back(streamalloc_cabi_peer_kind(streamalloc_on_cuda, selection.streamalloc_conf));
+  }
+#ifdef STREAMALLOC_BENCH_TORCH
+  if (gpu && wanted("torch_native")) peers.push_back(torch_native_peer_kind());
+#endif
+#ifdef STREAMALLOC_BENCH_CUDA
+  if (gpu && wanted("cudaMallocAsync")) peers.push_back(cuda_malloc_async_peer_kind());
+  if (gpu && wanted("cudaMalloc")) peers.push_back(cuda_malloc_peer_kind());
+#endif
+  return peers;
+}
+
+std::vector<std::pair<std::string, std::string>> machine_context() {
+  std::vector<std::pair<std::string, std::string>> out;
+  out.emplace_back("hardware_threads", std::to_string(std::thread::hardware_concurrency()));
+  out.emplace_back("streamalloc_cuda_backend_built", cuda_backend_built() ? "yes" : "no");
+  out.emplace_back("gpu_present", gpu_here() ? "yes" : "no");
+#ifdef STREAMALLOC_BENCH_CUDA
+  for (auto& item : cuda_context()) out.push_back(std::move(item));
+#endif
+#ifdef STREAMALLOC_BENCH_TORCH
+  out.emplace_back("torch", torch_version());
+#else
+  out.emplace_back("torch", "not built");
+#endif
+  std::string missing;
+  for (const auto& [name, reason] : peer_names(gpu_here())) {
+    if (!reason.empty()) missing += (missing.empty() ? "" : "; ") + name + ": " + reason;
+  }
+  out.emplace_back("peers_missing", missing.empty() ? "none" : missing);
+  return out;
+}
+
+}  // namespace streamalloc::bench

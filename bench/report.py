@@ -1,0 +1,558 @@
+#!/usr/bin/env python3
+"""Turn benchmark results into docs/benchmarks.md and plots.
+
+    python3 bench/report.py BENCH_JSON [EXTRA_JSON ...] OUT.md
+
+BENCH_JSON is streamalloc_bench's Google Benchmark JSON (--benchmark_out=FILE
+--benchmark_out_format=json). EXTRA_JSON files are recognised by their "kind": streamalloc_replay
+--json output (one per trace) and bench/torch_empty.py --json output. The report has the machine, the
+targets (met / missed / not measured, with the measured ratio), one table per scenario with ratios to
+PyTorch's native allocator (or to cudaMallocAsync when native is absent; on the simulated device,
+absolute numbers only), and PNG plots in img/ next to OUT.md (when matplotlib is installed).
+"""
+
+import json
+import os
+import statistics
+import sys
+from collections import defaultdict
+
+STREAMALLOC_PEERS = ("streamalloc", "streamalloc_cabi")
+PEER_ORDER = ("streamalloc", "streamalloc_cabi", "torch_native", "cudaMallocAsync", "cudaMalloc")
+IGNORED_NAME_PARTS = ("real_time", "manual_time")
+
+
+# ---- reading ----
+
+class Run:
+    """One benchmark (one peer, one argument set), repetitions folded into their median."""
+
+    def __init__(self, scenario, peer, device, args, row):
+        self.scenario, self.peer, self.device, self.args, self.row = scenario, peer, device, args, row
+
+    @property
+    def peer_id(self):
+        return f"{self.peer}@{self.device}"
+
+    @property
+    def ns_per_item(self):
+        rate = self.row.get("items_per_second")
+        return 1e9 / rate if rate else None
+
+    def counter(self, name):
+        value = self.row.get(name)
+        return None if value is None else float(value)
+
+
+def parse_name(run_name):
+    parts = run_name.split("/")
+    scenario, peer_id, args = parts[0], parts[1] if len(parts) > 1 else "?@?", {}
+    for part in parts[2:]:
+        if part in IGNORED_NAME_PARTS or part.startswith(("min_time:", "iterations:", "repeats:")):
+            continue
+        key, _, value = part.partition(":")
+        args[key] = int(value) if value.lstrip("-").isdigit() else value
+    peer, _, device = peer_id.partition("@")
+    return scenario, peer, device, args
+
+
+def load_bench(path):
+    with open(path) as f:
+        data = json.load(f)
+    groups = defaultdict(list)
+    medians, errors = {}, []
+    for row in data.get("benchmarks", []):
+        name = row.get("run_name", row["name"])
+        if row.get("error_occurred") or row.get("skipped"):
+            errors.append((row["name"], row.get("error_message") or row.get("skip_message") or "skipped"))
+            continue
+        if row.get("run_type") == "aggregate":
+            if row.get("aggregate_name") == "median":
+                medians[name] = row
+        else:
+            groups[name].append(row)
+    runs = []
+    for name in list(dict.fromkeys(list(groups) + list(medians))):
+        row = medians.get(name) or fold(groups[name])
+        scenario, peer, device, args = parse_name(name)
+        runs.append(Run(scenario, peer, device, args, row))
+    return data.get("context", {}), runs, errors
+
+
+def fold(rows):
+    """The median of each numeric field over repetitions reported without aggregates."""
+    if len(rows) == 1:
+        return rows[0]
+    out = dict(rows[0])
+    for key, value in rows[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = statistics.median(r[key] for r in rows if key in r)
+    return out
+
+
+def load_extra(paths):
+    replays, torch_empty = [], None
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        kind = data.get("kind")
+        if kind == "streamalloc_replay":
+            replays.append(data)
+        elif kind == "torch_empty":
+            torch_empty = data
+        else:
+            sys.exit(f"report: {path}: unknown result kind {kind!r} (expected streamalloc_replay or torch_empty)")
+    return replays, torch_empty
+
+
+# ---- formatting ----
+
+def fmt_ns(value):
+    return "n/a" if value is None else f"{value:,.1f}"
+
+
+def fmt_bytes(value):
+    if value is None or value < 0:
+        return "n/a"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if value >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{int(value)} B"
+
+
+def fmt_ratio(value):
+    return "n/a" if value is None else f"{value:.3f}x"
+
+
+def fmt_arg(key, value):
+    return fmt_bytes(value) if key == "bytes" else str(value)
+
+
+def table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def ordered_peers(runs):
+    ids = {r.peer_id: r.peer for r in runs}
+    return sorted(ids, key=lambda i: (PEER_ORDER.index(ids[i]) if ids[i] in PEER_ORDER else 99, i))
+
+
+def reference_peer(runs):
+    """The peer ratios are taken against: PyTorch native, else cudaMallocAsync, else none (sim)."""
+    for name in ("torch_native", "cudaMallocAsync"):
+        for r in runs:
+            if r.peer == name:
+                return r.peer_id
+    return None
+
+
+def by_args(runs, scenario):
+    """{args tuple: {peer_id: Run}} for one scenario, in argument order."""
+    out = defaultdict(dict)
+    for r in runs:
+        if r.scenario == scenario:
+            out[tuple(sorted(r.args.items()))][r.peer_id] = r
+    return dict(sorted(out.items()))
+
+
+# ---- sections ----
+
+def machine_section(context, bench_path):
+    keys = [("host", context.get("host_name")), ("date", context.get("date")),
+            ("CPUs", f"{context.get('num_cpus')} x {context.get('mhz_per_cpu')} MHz"),
+            ("GPU", context.get("gpu_name", "none")), ("GPU memory", fmt_bytes(int(context["gpu_memory_bytes"]))
+                                                         if "gpu_memory_bytes" in context else "n/a"),
+            ("CUDA runtime / driver", f"{context.get('cuda_runtime', 'n/a')} / {context.get('cuda_driver', 'n/a')}"),
+            ("torch (LibTorch peer)", context.get("torch", "n/a")),
+            ("peers in this run", context.get("peers", "n/a")),
+            ("peers missing", context.get("peers_missing", "n/a")),
+            ("streamalloc options", context.get("streamalloc_conf") or "defaults"),
+            ("run mode", context.get("mode", "n/a")),
+            ("results file", os.path.basename(bench_path))]
+    return "## Machine\n\n" + table(["", ""], [(k, v) for k, v in keys]) + "\n"
+
+
+def scenario_section(runs, scenario, title, what, reference, extra_counters=()):
+    """One row per (arguments, peer): time per item, its ratio to the reference peer, counters."""
+    groups = by_args(runs, scenario)
+    if not groups:
+        return ""
+    peers = ordered_peers([r for g in groups.values() for r in g.values()])
+    arg_keys = [k for k, _ in next(iter(groups))]
+    header = arg_keys + ["peer", "ns/op"]
+    if reference:
+        header.append(f"vs {reference.split('@')[0]}")
+    header += [label for _, label, _ in extra_counters]
+    rows = []
+    for args, row_runs in groups.items():
+        ref = row_runs.get(reference) if reference else None
+        for p in peers:
+            run = row_runs.get(p)
+            if run is None:
+                continue
+            row = [fmt_arg(k, v) for k, v in args] + [p, fmt_ns(run.ns_per_item)]
+            if reference:
+                ok = ref is not None and ref.ns_per_item and run.ns_per_item
+                row.append(fmt_ratio(run.ns_per_item / ref.ns_per_item) if ok else "n/a")
+            row += [fmt(run.counter(counter)) for counter, _, fmt in extra_counters]
+            rows.append(row)
+    return f"## {title}\n\n{what}\n\n" + table(header, rows) + "\n"
+
+
+def threads_section(runs):
+    groups = by_args(runs, "threads")
+    if not groups:
+        return ""
+    peers = ordered_peers([r for g in groups.values() for r in g.values()])
+    single = {p: groups.get((("threads", 1),), {}).get(p) for p in peers}
+    header = ["threads"] + [f"{p} Mpairs/s" for p in peers] + [f"{p} vs 1 thread" for p in peers]
+    rows = []
+    for args, row_runs in groups.items():
+        row = [dict(args)["threads"]]
+        rates = {p: row_runs[p].row.get("items_per_second") if p in row_runs else None for p in peers}
+        row += ["n/a" if rates[p] is None else f"{rates[p] / 1e6:.2f}" for p in peers]
+        for p in peers:
+            base = single.get(p) and single[p].row.get("items_per_second")
+            row.append(fmt_ratio(rates[p] / base) if rates[p] and base else "n/a")
+        rows.append(row)
+    return ("## threads: aggregate throughput\n\nEach thread has its own stream and does alloc+free pairs "
+            "(512 B .. 1 MiB) on one shared allocator; throughput is all threads' pairs over wall time.\n\n"
+            + table(header, rows) + "\n")
+
+
+def replay_section(replays):
+    if not replays:
+        return ""
+    out = ["## Trace replay\n",
+           ("Each trace replayed from an empty cache; time is the median over repeats, peaks are the first "
+            "replay's. `native (recorded)` is PyTorch's native allocator in the recorded run (trace header).\n")]
+    for rep in replays:
+        header = rep.get("header", {})
+        native = int(header["native_peak_reserved"]) if "native_peak_reserved" in header else None
+        native_alloc = int(header["native_peak_allocated"]) if "native_peak_allocated" in header else None
+        out.append(f"### {header.get('workload', rep['trace'])}\n")
+        out.append(f"`{rep['trace']}`: {rep['ops']} ops ({rep['allocs']} allocs, {rep['frees']} frees, "
+                   f"{rep['record_streams']} record_stream), {rep['streams']} streams"
+                   + (f", {rep['live_at_end']} blocks never freed" if rep.get("live_at_end") else "")
+                   + (f"; recorded on {header['gpu'].replace('_', ' ')}" if "gpu" in header else "") + ".\n")
+        rows = []
+        if native is not None:
+            rows.append(["native (recorded)", "", "n/a", fmt_bytes(native), fmt_bytes(native_alloc), "1.000x"])
+        for r in rep["results"]:
+            if "error" in r:
+                rows.append([r["peer"], r["device"], "failed: " + r["error"], "", "", ""])
+                continue
+            vs = fmt_ratio(r["peak_reserved"] / native) if native else "n/a"
+            rows.append([r["peer"], r["device"], fmt_ns(r["ns_per_op_median"]), fmt_bytes(r["peak_reserved"]),
+                         fmt_bytes(r["peak_allocated"]), vs])
+        out.append(table(["peer", "device", "ns/op", "peak reserved", "peak allocated", "reserved vs native"], rows)
+                   + "\n")
+    return "\n".join(out)
+
+
+def torch_empty_section(data):
+    if not data:
+        return ""
+    if "skipped" in data:
+        return f"## torch.empty + free through PyTorch\n\nSkipped: {data['skipped']}.\n"
+    results = data["results"]
+    out = [(f"## torch.empty + free through PyTorch\n\nOn {data['gpu']}, torch {data['torch']}; each allocator in "
+            f"its own process; ns per pair, median of {data['repeats']} runs (bench/torch_empty.py).\n")]
+    for loop in ("cpp", "python"):
+        sizes = sorted({int(n) for r in results.values() for n in r.get(loop, {})})
+        if not sizes:
+            continue
+        rows = []
+        for n in sizes:
+            native = results.get("native", {}).get(loop, {}).get(str(n))
+            ours = results.get("streamalloc", {}).get(loop, {}).get(str(n))
+            rows.append([fmt_bytes(n), fmt_ns(native), fmt_ns(ours),
+                         fmt_ratio(ours / native) if native and ours else "n/a"])
+        name = "at::empty C++ loop" if loop == "cpp" else "torch.empty Python loop"
+        out.append(f"{name}:\n\n" + table(["bytes", "native ns", "streamalloc ns", "streamalloc / native"], rows) + "\n")
+    for peer, r in results.items():
+        if "error" in r:
+            out.append(f"- {peer}: failed: {r['error']}")
+        if "cpp_error" in r:
+            out.append(f"- {peer}: C++ loop unavailable: {r['cpp_error']}")
+    return "\n".join(out) + "\n"
+
+
+# ---- targets ----
+
+def worst_ratio(runs, scenario, mine, ref):
+    groups = by_args(runs, scenario)
+    ratios = []
+    for row_runs in groups.values():
+        a, b = row_runs.get(mine), row_runs.get(ref)
+        if a and b and a.ns_per_item and b.ns_per_item:
+            ratios.append((a.ns_per_item / b.ns_per_item, a.args))
+    return max(ratios, key=lambda x: x[0]) if ratios else None
+
+
+def pick(runs, names):
+    present = {r.peer_id for r in runs}
+    for name in names:
+        for pid in sorted(present):
+            if pid.split("@")[0] == name:
+                return pid
+    return None
+
+
+def targets_section(context, runs, replays, torch_empty):
+    native = pick(runs, ["torch_native"])
+    ours = pick(runs, ["streamalloc_cabi", "streamalloc"])
+    device = ours.split("@")[1] if ours else "?"
+    note = "" if device == "cuda" else " (simulated device: the targets are defined for an H200)"
+    rows = []
+
+    def verdict(value, goal, lower_is_better):
+        if value is None:
+            return "not measured"
+        ok = value <= goal if lower_is_better else value >= goal
+        return ("met" if ok else "**missed**") + note
+
+    def ratio_target(label, scenario, goal):
+        if not (native and ours):
+            reason = "needs torch_native (LibTorch build + GPU) in the same run"
+            rows.append([label, f"<= {goal}x native", "n/a", "not measured: " + reason])
+            return
+        worst = worst_ratio(runs, scenario, ours, native)
+        if worst is None:
+            rows.append([label, f"<= {goal}x native", "n/a", "not measured: scenario missing"])
+            return
+        ratio, args = worst
+        where = ", ".join(f"{k} {fmt_arg(k, v)}" for k, v in args.items())
+        rows.append([label, f"<= {goal}x native", f"{ratio:.3f}x (worst case: {where}; {ours})",
+                     verdict(ratio, goal, True)])
+
+    ratio_target("same-stream cached alloc+free pair, C ABI", "same_stream", 0.15)
+
+    label = "at::empty + free through PyTorch"
+    if torch_empty and "skipped" in torch_empty:
+        rows.append([label, "<= 0.85x native", "n/a", "not measured: " + torch_empty["skipped"]])
+    elif torch_empty:
+        res = torch_empty["results"]
+        loop = "cpp" if "cpp" in res.get("native", {}) and "cpp" in res.get("streamalloc", {}) else "python"
+        ratios = [(res["streamalloc"][loop][n] / res["native"][loop][n], n)
+                  for n in res.get("native", {}).get(loop, {}) if n in res.get("streamalloc", {}).get(loop, {})]
+        if ratios:
+            ratio, n = max(ratios)
+            loop_name = "C++ at::empty loop" if loop == "cpp" else "Python torch.empty loop (C++ loop unavailable)"
+            rows.append([label, "<= 0.85x native", f"{ratio:.3f}x (worst: {fmt_bytes(int(n))}; {loop_name})",
+                         "met" if ratio <= 0.85 else "**missed**"])
+        else:
+            rows.append([label, "<= 0.85x native", "n/a", "not measured: torch_empty.py failed (see below)"])
+    else:
+        rows.append([label, "<= 0.85x native", "n/a", "not measured: run bench/torch_empty.py --json (needs a GPU)"])
+
+    ratio_target("cross-stream pair with record_stream, C ABI", "cross_stream", 0.5)
+
+    label = "8 threads on 8 streams vs 1 thread"
+    groups = by_args(runs, "threads")
+    one, eight = groups.get((("threads", 1),), {}).get(ours), groups.get((("threads", 8),), {}).get(ours)
+    cores = int(context.get("hardware_threads") or context.get("num_cpus") or 0)
+    if one and eight and one.row.get("items_per_second") and eight.row.get("items_per_second"):
+        scale = eight.row["items_per_second"] / one.row["items_per_second"]
+        status = (verdict(scale, 4.0, False) if cores >= 8 else
+                  f"not measured: this machine has {cores} hardware threads, 8 threads cannot run at once")
+        rows.append([label, ">= 4x", f"{scale:.2f}x ({ours})", status])
+    else:
+        rows.append([label, ">= 4x", "n/a", "not measured: threads scenario missing"])
+
+    label = "32-stream cycling peak reserved vs single stream"
+    run32 = by_args(runs, "many_streams").get((("streams", 32),), {}).get(ours)
+    value = run32.counter("reserved_vs_single_stream") if run32 else None
+    rows.append([label, "<= 2x", "n/a" if value is None else f"{value:.2f}x ({ours})", verdict(value, 2.0, True)])
+
+    label = "replayed trace peak reserved vs native"
+    checked, failed, unrecorded = [], [], []
+    for rep in replays:
+        name = rep.get("header", {}).get("workload", rep["trace"])
+        native_peak = rep.get("header", {}).get("native_peak_reserved")
+        mine = [r for r in rep["results"] if r["peer"] in STREAMALLOC_PEERS and "error" not in r]
+        if native_peak is None or not mine:
+            unrecorded.append(name)
+            continue
+        ratio = max(r["peak_reserved"] for r in mine) / int(native_peak)
+        checked.append(f"{name} {ratio:.3f}x")
+        if ratio > 1:
+            failed.append(name)
+    if checked:
+        status = ("met" if not failed else "**missed** (" + ", ".join(failed) + ")")
+        status += "" if all(r["results"][0]["device"] == "cuda" for r in replays if r["results"]) else note
+        rows.append([label, "<= 1x", "; ".join(checked), status])
+    else:
+        why = "no trace with a native recording was replayed" + (f" ({', '.join(unrecorded)} has none)"
+                                                                  if unrecorded else "")
+        rows.append([label, "<= 1x", "n/a", "not measured: " + why])
+    return "## Targets\n\n" + table(["target", "goal", "measured", "status"], rows) + "\n"
+
+
+# ---- plots ----
+
+def make_plots(runs, replays, img_dir):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return [], "plots not generated: matplotlib is not installed (pip install matplotlib)"
+    os.makedirs(img_dir, exist_ok=True)
+    written = []
+
+    def save(fig, name, title):
+        path = os.path.join(img_dir, name)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append((name, title))
+
+    def line_plot(scenario, key, xlabel, ylabel, value, name, title, logy=True):
+        groups = by_args(runs, scenario)
+        if not groups:
+            return
+        fig, ax = plt.subplots(figsize=(9, 4))
+        for peer in ordered_peers([r for g in groups.values() for r in g.values()]):
+            points = [(dict(a)[key], value(g[peer])) for a, g in groups.items() if peer in g and value(g[peer])]
+            if points:
+                ax.plot(*zip(*points), marker="o", label=peer)
+        ax.set_xscale("log", base=2)
+        xs = sorted({dict(a)[key] for a in groups})
+        ax.set_xticks(xs)
+        ax.set_xticklabels([fmt_arg(key, x).replace(".00 ", " ") for x in xs], fontsize=8)
+        ax.minorticks_off()
+        values = [v for line in ax.get_lines() for v in line.get_ydata() if v > 0]
+        if logy and values and max(values) / min(values) > 20:  # peers orders of magnitude apart
+            ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+        save(fig, name, title)
+
+    line_plot("same_stream", "bytes", "bytes", "ns per alloc+free pair", lambda r: r.ns_per_item,
+              "bench_same_stream.png", "same stream, cached alloc+free")
+    line_plot("threads", "threads", "threads (one stream each)", "million pairs / s",
+              lambda r: (r.row.get("items_per_second") or 0) / 1e6, "bench_threads.png",
+              "aggregate throughput", logy=False)
+
+    for scenario, title, key in (("cross_stream", "alloc + record_stream + free", "bytes"),
+                                 ("mixed_sizes", "random alloc/free, many live blocks", "max_live")):
+        groups = by_args(runs, scenario)
+        if not groups:
+            continue
+        peers = ordered_peers([r for g in groups.values() for r in g.values()])
+        fig, ax = plt.subplots(figsize=(9, 4))
+        width = 0.8 / max(1, len(peers))
+        for i, peer in enumerate(peers):
+            xs = [j + i * width for j in range(len(groups))]
+            ys = [g[peer].ns_per_item if peer in g else 0 for g in groups.values()]
+            ax.bar(xs, ys, width, label=peer)
+        ax.set_xticks([j + width * (len(peers) - 1) / 2 for j in range(len(groups))])
+        ax.set_xticklabels([f"{key} {fmt_arg(key, dict(a)[key])}" for a in groups])
+        ax.set_ylabel("ns per op")
+        ax.set_title(title)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+        save(fig, f"bench_{scenario}.png", title)
+
+    groups = by_args(runs, "many_streams")
+    if groups:
+        peers = ordered_peers([r for g in groups.values() for r in g.values()])
+        fig, ax = plt.subplots(figsize=(9, 4))
+        width = 0.8 / max(1, len(groups))
+        for i, (args, g) in enumerate(groups.items()):
+            ys = [(g[p].counter("peak_reserved") or 0) / 2**20 if p in g else 0 for p in peers]
+            ax.bar([j + i * width for j in range(len(peers))], ys, width, label=f"{dict(args)['streams']} stream(s)")
+        ax.set_xticks([j + width * (len(groups) - 1) / 2 for j in range(len(peers))])
+        ax.set_xticklabels(peers, fontsize=8)
+        ax.set_ylabel("peak reserved (MiB)")
+        ax.set_title("streams taking turns: peak reserved")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+        save(fig, "bench_many_streams.png", "streams taking turns: peak reserved")
+
+    if replays:
+        fig, ax = plt.subplots(figsize=(9, 4))
+        names = [r.get("header", {}).get("workload", os.path.basename(r["trace"])) for r in replays]
+        series = defaultdict(list)
+        for rep in replays:
+            native = rep.get("header", {}).get("native_peak_reserved")
+            series["native (recorded)"].append(int(native) / 2**20 if native is not None else 0)
+            peaks = {f"{r['peer']}@{r['device']}": r.get("peak_reserved", 0) / 2**20 for r in rep["results"]}
+            for key in {f"{r['peer']}@{r['device']}" for rp in replays for r in rp["results"]}:
+                series[key].append(peaks.get(key, 0))
+        width = 0.8 / max(1, len(series))
+        for i, (label, ys) in enumerate(sorted(series.items())):
+            ax.bar([j + i * width for j in range(len(names))], ys, width, label=label)
+        ax.set_xticks([j + width * (len(series) - 1) / 2 for j in range(len(names))])
+        ax.set_xticklabels(names, fontsize=8)
+        ax.set_ylabel("peak reserved (MiB)")
+        ax.set_title("trace replay: peak reserved")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+        save(fig, "bench_replay.png", "trace replay: peak reserved")
+    return written, None
+
+
+# ---- main ----
+
+def main(argv):
+    if len(argv) < 3 or argv[1] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if len(argv) > 1 and argv[1] in ("-h", "--help") else 2
+    bench_path, extra_paths, out_path = argv[1], argv[2:-1], argv[-1]
+    if not out_path.endswith(".md"):
+        sys.exit(f"report: the last argument must be the markdown file to write (got {out_path!r})")
+    context, runs, errors = load_bench(bench_path)
+    replays, torch_empty = load_extra(extra_paths)
+    reference = reference_peer(runs)
+    out_dir = os.path.dirname(os.path.abspath(out_path))
+    plots, plot_note = make_plots(runs, replays, os.path.join(out_dir, "img"))
+
+    ref_note = (f"Ratios are to `{reference}` measured in the same run (below 1 is better for time)."
+                if reference else "No GPU peer in this run (simulated device): absolute numbers only; "
+                                  "the simulated device measures streamalloc's own bookkeeping, not a GPU.")
+    sections = [
+        "# Benchmarks\n",
+        f"Generated by `bench/report.py` from `{os.path.basename(bench_path)}`"
+        + (f" and {len(extra_paths)} more result file(s)" if extra_paths else "")
+        + ". Do not edit by hand: rerun `make bench` (docs/benchmarking.md says how and what is measured). "
+        + ref_note + "\n",
+        machine_section(context, bench_path),
+        targets_section(context, runs, replays, torch_empty),
+        scenario_section(runs, "same_stream", "same_stream: cached alloc+free pair",
+                         "ns per alloc+free pair on one stream, after a warm-up pair.", reference),
+        scenario_section(runs, "cross_stream", "cross_stream: alloc, record_stream, free",
+                         "ns per alloc + record_stream(other stream) + free: the seed's pattern.", reference,
+                         (("peak_reserved", "peak reserved", fmt_bytes),)),
+        scenario_section(runs, "mixed_sizes", "mixed_sizes: random alloc/free, many live blocks",
+                         "ns per alloc or free; sizes log-uniform 1 KiB .. 4 MiB, up to `max_live` live blocks.",
+                         reference, (("peak_reserved", "peak reserved", fmt_bytes),
+                                     ("reserved_per_allocated", "reserved/allocated", fmt_ratio))),
+        scenario_section(runs, "many_streams", "many_streams: streams taking turns",
+                         "ns per alloc+free pair; each turn one stream allocates a ~48 MiB working set and "
+                         "frees it. Peak reserved of this run, of the same turns on one stream, and their ratio.",
+                         reference, (("peak_reserved", "peak reserved", fmt_bytes),
+                                     ("single_stream_peak_reserved", "1-stream peak reserved", fmt_bytes),
+                                     ("reserved_vs_single_stream", "vs 1 stream", fmt_ratio))),
+        threads_section(runs),
+        replay_section(replays),
+        torch_empty_section(torch_empty),
+    ]
+    if plots:
+        sections.append("## Plots\n\n" + "\n\n".join(f"![{title}](img/{name})" for name, title in plots) + "\n")
+    elif plot_note:
+        sections.append(f"## Plots\n\n{plot_note}.\n")
+    if errors:
+        sections.append("## Skipped benchmarks\n\n" + "\n".join(f"- `{n}`: {m}" for n, m in errors) + "\n")
+    with open(out_path, "w") as f:
+        f.write("\n".join(s for s in sections if s))
+    print(f"report: wrote {out_path}" + (f" and {len(plots)} plot(s) in {os.path.join(out_dir, 'img')}" if plots else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
