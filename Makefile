@@ -12,12 +12,13 @@ CMAKE_ARGS ?=
 CONFIGURE = $(CMAKE) -S . -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo $(if $(TORCH_PREFIX),-DCMAKE_PREFIX_PATH=$(TORCH_PREFIX)) $(CMAKE_ARGS)
 PYTEST = STREAMALLOC_LIBRARY_DIR=$(abspath $(BUILD))/lib PYTHONPATH=$(abspath torch_plugin) $(PYTHON) -m pytest -q tests/python
 
-.PHONY: help deps build test demo gpu-test gpu-sanitize bench test-asan test-tsan fuzz clean
+.PHONY: help deps build test demo gpu-test gpu-sanitize traces bench test-asan test-tsan fuzz clean
 
 help:
 	@echo "make demo      set up, build, run the allocation benchmark and the multi-stream pipeline report"
 	@echo "make test      set up, build, run the whole test suite (GPU/torch tests skip without a GPU)"
 	@echo "make gpu-test  on a GPU machine: build everything and run every test, GPU and PyTorch included"
+	@echo "make traces    record allocation traces of real workloads (GPU machine, PyTorch)"
 	@echo "make bench     full benchmark run; writes docs/benchmarks.md and plots"
 	@echo "make gpu-sanitize  the GPU suite under compute-sanitizer memcheck"
 	@echo "make test-asan / test-tsan   the CPU suite under ASan+UBSan / TSan"
@@ -55,6 +56,10 @@ gpu-test:
 # them on purpose (OOM, bad handles, capture checks) and check that streamalloc turns them into errors.
 gpu-sanitize: build
 	compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 $(BUILD)/tests/streamalloc_gpu_tests
+
+# Record allocation traces of real workloads under PyTorch's native allocator (GPU machine).
+traces:
+	$(PYTHON) bench/traces/record_workloads.py
 
 # Full run: the benchmark (3 repetitions, medians), every trace replayed on every peer, the PyTorch-level
 # loop, then docs/benchmarks.md and its plots.

@@ -77,8 +77,9 @@ def test_fixed_pipelines_are_bit_identical_to_native(name, native_pipelines):
     assert stream_stats["record_stream_calls"] == int(PIPELINE_STEPS)  # one per batch
     assert stream_stats["record_stream_duplicate"] == 0
     assert stream_stats["record_stream_on_alloc_stream"] == 0
-    # Fences are batched: never more than one per recorded use.
-    assert stream_stats["fences_recorded"] <= stream_stats["record_stream_calls"]
+    # Fences are batched: at most one per recorded use (when the GPU keeps up, each free finds the last
+    # fence done and records the next), plus a few allocation-stream fences recorded on cache misses.
+    assert stream_stats["fences_recorded"] <= stream_stats["record_stream_calls"] + 16
 
 
 def test_fixed_pipeline_through_the_c_abi(native_pipelines):
@@ -93,7 +94,9 @@ def test_fixed_pipeline_through_the_c_abi(native_pipelines):
                                         ("seed_missing_record_stream", "poison:free,quarantine_mb:64")])
 def test_broken_pipelines_show_up_as_nan(name, conf):
     # Under PyTorch's allocator these read stale but finite data; poisoning makes the bug loud.
-    ours = run(EXAMPLES / f"{name}.py", "--steps", 300, conf=conf)
+    # A ~10 ms spin per step keeps the consumer behind the host, so the free (and its poison) lands
+    # before the late read on every run.
+    ours = run(EXAMPLES / f"{name}.py", "--steps", 300, "--delay-cycles", 20_000_000, conf=conf)
     assert ours["mismatched_steps"] > 0
     assert ours["nan_steps"] > 0
 

@@ -11,7 +11,7 @@ import torch
 from _common import emit, streamalloc_enabled
 
 MiB = 1 << 20
-BUSY_CYCLES = 400_000_000  # ~0.2 s of side-stream work; every check below runs well inside it
+BUSY_CYCLES = 2_000_000_000  # ~1 s of side-stream work; every check below runs well inside it
 
 
 def block_of(ptr: int):
@@ -54,6 +54,12 @@ def scenario(size_mib: int, protect: str, side: torch.cuda.Stream) -> dict:
 
 def main() -> None:
     side = torch.cuda.Stream()
+    # Warm up: the first launch of each kernel loads its module on the host, which can outlast the spin.
+    warm = torch.ones(1024, device="cuda")
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(1)
+        warm[512:].mul_(2)
+    torch.cuda.synchronize()
     scenarios = {
         "unprotected": scenario(12, "none", side),
         "record_base": scenario(14, "base", side),
