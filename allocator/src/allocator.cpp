@@ -2,7 +2,7 @@
 #include "streamalloc/allocator.hpp"
 
 #include <atomic>
-#include <sstream>
+#include <spdlog/fmt/fmt.h>
 
 #include "audit.hpp"
 #include "device_cache.hpp"
@@ -21,11 +21,7 @@ struct Allocator::Internals {
 
 namespace {
 
-std::string hex(std::uintptr_t value) {
-  std::ostringstream s;
-  s << "0x" << std::hex << value;
-  return s.str();
-}
+std::string hex(std::uintptr_t value) { return fmt::format("{:#x}", value); }
 
 }  // namespace
 

@@ -3,7 +3,7 @@
 #include "device_cache.hpp"
 
 #include <algorithm>
-#include <sstream>
+#include <spdlog/fmt/fmt.h>
 
 #include "audit.hpp"
 #include "logging.hpp"
@@ -47,11 +47,11 @@ FenceQueue& DeviceCache::queue(Stream stream) {
   if (it == queues_.end()) {
     const int owner = backend_.stream_device(stream);
     if (owner >= 0 && owner != device_) {
-      std::ostringstream msg;
-      msg << "streamalloc: stream 0x" << std::hex << stream << std::dec << " belongs to device " << owner
-          << " but was used with memory of device " << device_
-          << "; pass a stream of the device you allocate on (blocks can only be used on streams of their device).";
-      throw Error(ErrorCode::kInvalidArgument, msg.str());
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("streamalloc: stream {:#x} belongs to device {} but was used with memory of device {}; "
+                              "pass a stream of the device you allocate on (blocks can only be used on streams of "
+                              "their device).",
+                              stream, owner, device_));
     }
     it = queues_.emplace(stream, std::make_unique<FenceQueue>(stream)).first;
   }
@@ -265,10 +265,11 @@ bool DeviceCache::close_batch(FenceQueue& q) {
 
 // Rule 3, other uses: the block waits for a fence on every stream it was used on.
 //
-// Pipelined batching: each used stream keeps at most one fence in flight. The free polls that fence
-// (one query); once it has completed, the open batch is closed at once with a new event, so pending
-// blocks are released about one fence latency after their free. While a fence is in flight, later
-// frees join the open batch and share the next event.
+// Pipelined batching: each used stream keeps at most one fence in flight. A free polls that fence (one
+// query); once it has completed, the open batch is closed at once with a new event, so pending blocks
+// are released about one fence latency after their free. While a fence is in flight, later frees join
+// the open batch and share the next event. Polling and recording happen at most once per
+// kFenceBatchWindow, so a tight loop of frees shares events even when the GPU keeps up.
 void DeviceCache::make_pending(Block* block) {
   block->state = BlockState::kPending;
   block->settle_seq = queue(block->stream).join_as_owner();
@@ -281,6 +282,8 @@ void DeviceCache::make_pending(Block* block) {
     ++stats_.frees_deferred_capture;
     return;
   }
+  if (block->since - last_fence_pass_ < kFenceBatchWindow) return;
+  last_fence_pass_ = block->since;
   for (Stream used : block->uses) {
     FenceQueue& q = queue(used);
     std::uint64_t queries = 0;

@@ -130,7 +130,10 @@ class DeviceCache {
   bool accumulated_reset_ = false;
   std::deque<Block*> quarantine_;  // FIFO of freed blocks held back from reuse (quarantine_mb)
   std::size_t quarantine_bytes_ = 0;
-  int captures_underway_ = 0;  // reported by capture_begin/capture_end  // validate() then cannot check allocated - freed == current
+  int captures_underway_ = 0;  // reported by capture_begin/capture_end
+  // Frees with uses poll and record fences at most once per window (docs/design.md, "Fences").
+  static constexpr std::chrono::microseconds kFenceBatchWindow{20};
+  Clock::time_point last_fence_pass_{};  // validate() then cannot check allocated - freed == current
 };
 
 }  // namespace streamalloc

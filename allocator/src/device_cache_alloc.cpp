@@ -6,7 +6,8 @@
 // host-synchronize every fence, retry, release cached segments, retry; then a clear OOM report.
 #include <algorithm>
 #include <cstdint>
-#include <sstream>
+
+#include <spdlog/fmt/fmt.h>
 
 #include "audit.hpp"
 #include "device_cache.hpp"
@@ -26,12 +27,12 @@ void* DeviceCache::allocate(std::size_t requested, Stream stream) {
   if (device_total_ == 0) device_total_ = backend_.memory_info(device_).total_bytes;
   if (requested > kMaxRequest || requested > device_total_) {
     ++stats_.num_ooms;
-    std::ostringstream msg;
-    msg << "streamalloc: cannot allocate " << format_bytes(requested) << " (" << requested << " bytes) on device "
-        << device_ << ": larger than the device's total memory of " << format_bytes(device_total_)
-        << ". Check the size computation of this tensor.";
-    audit_.out_of_memory(device_, msg.str());
-    throw Error(ErrorCode::kOutOfMemory, msg.str());
+    const std::string msg = fmt::format(
+        "streamalloc: cannot allocate {} ({} bytes) on device {}: larger than the device's total memory of {}. "
+        "Check the size computation of this tensor.",
+        format_bytes(requested), requested, device_, format_bytes(device_total_));
+    audit_.out_of_memory(device_, msg);
+    throw Error(ErrorCode::kOutOfMemory, msg);
   }
   queue(stream);  // first sight of a stream checks that it belongs to this device
   const std::size_t size = size_policy::round_size(requested, options_);
@@ -211,35 +212,34 @@ void DeviceCache::throw_out_of_memory(std::size_t requested, std::size_t size, S
   for (const auto& index : {std::cref(unsettled_), std::cref(settled_)}) {
     for (const FreeIndex& pool_index_ : index.get()) pool_index_.for_each([&](Block* b) { cached_free += b->size; });
   }
-  std::ostringstream msg;
-  msg << "streamalloc: out of memory on device " << device_ << " (" << backend_.name() << "): tried to allocate "
-      << format_bytes(requested) << " (" << format_bytes(size) << " rounded) on stream 0x" << std::hex << stream
-      << std::dec << ". Device: " << format_bytes(info.total_bytes) << " total, " << format_bytes(info.free_bytes)
-      << " free. streamalloc: " << format_bytes(reserved_) << " reserved, "
-      << format_bytes(static_cast<std::size_t>(stats_.allocated_bytes[0].current)) << " allocated, "
-      << format_bytes(cached_free) << " cached free, " << format_bytes(static_cast<std::size_t>(stats_.pending_bytes.current))
-      << " pending in " << stats_.pending_blocks.current << " block(s)";
+  std::string msg = fmt::format(
+      "streamalloc: out of memory on device {} ({}): tried to allocate {} ({} rounded) on stream {:#x}. Device: {} "
+      "total, {} free. streamalloc: {} reserved, {} allocated, {} cached free, {} pending in {} block(s)",
+      device_, backend_.name(), format_bytes(requested), format_bytes(size), stream, format_bytes(info.total_bytes),
+      format_bytes(info.free_bytes), format_bytes(reserved_),
+      format_bytes(static_cast<std::size_t>(stats_.allocated_bytes[0].current)), format_bytes(cached_free),
+      format_bytes(static_cast<std::size_t>(stats_.pending_bytes.current)), stats_.pending_blocks.current);
   if (memory_fraction_ < 1.0) {
-    msg << "; memory fraction cap " << memory_fraction_ << " = " << format_bytes(memory_cap());
+    msg += fmt::format("; memory fraction cap {} = {}", memory_fraction_, format_bytes(memory_cap()));
   }
-  msg << ".";
+  msg += ".";
   std::vector<std::pair<std::int64_t, Stream>> holders;
   for (const auto& [s, q] : queues_) {
     if (q->pending_stats().pending_bytes.current > 0) holders.emplace_back(q->pending_stats().pending_bytes.current, s);
   }
   std::sort(holders.rbegin(), holders.rend());
   if (!holders.empty()) {
-    msg << " Largest pending holders (streams whose fences hold freed blocks):";
+    msg += " Largest pending holders (streams whose fences hold freed blocks):";
     for (std::size_t i = 0; i < holders.size() && i < 3; ++i) {
-      msg << " stream 0x" << std::hex << holders[i].second << std::dec << " holds "
-          << format_bytes(static_cast<std::size_t>(holders[i].first)) << ";";
+      msg += fmt::format(" stream {:#x} holds {};", holders[i].second,
+                         format_bytes(static_cast<std::size_t>(holders[i].first)));
     }
   }
-  msg << " What to do: free tensors you no longer need, lower the batch size, or set max_split_size_mb to "
+  msg += " What to do: free tensors you no longer need, lower the batch size, or set max_split_size_mb to "
          "reduce fragmentation if cached free memory is large.";
-  audit_.out_of_memory(device_, msg.str());
-  log().debug("{}", msg.str());
-  throw Error(ErrorCode::kOutOfMemory, msg.str());
+  audit_.out_of_memory(device_, msg);
+  log().debug("{}", msg);
+  throw Error(ErrorCode::kOutOfMemory, msg);
 }
 
 void DeviceCache::empty_cache() {

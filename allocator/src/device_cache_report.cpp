@@ -1,6 +1,6 @@
 // DeviceCache: read-only reports (segments, blocks, cache info) and misuse diagnostics.
 #include <algorithm>
-#include <sstream>
+#include <spdlog/fmt/fmt.h>
 
 #include "device_cache.hpp"
 
@@ -87,8 +87,7 @@ void* DeviceCache::segment_base(const void* ptr, std::size_t* size) const {
 // Called with the lock held, for a pointer that is not a live block: say which mistake it is.
 void DeviceCache::throw_bad_free(const void* ptr, const char* what) const {
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-  std::ostringstream msg;
-  msg << "streamalloc: " << what << "(" << ptr << ") on device " << device_ << ": ";
+  const std::string prefix = fmt::format("streamalloc: {}({}) on device {}: ", what, ptr, device_);
   auto it = segments_.upper_bound(address);
   const Segment* segment = nullptr;
   if (it != segments_.begin()) {
@@ -96,25 +95,28 @@ void DeviceCache::throw_bad_free(const void* ptr, const char* what) const {
     if (address < it->first + it->second->size) segment = it->second.get();
   }
   if (segment == nullptr) {
-    msg << "the pointer was not allocated by streamalloc on this device (foreign pointer, or the wrong device "
-           "index). Nothing was freed. Free it with the allocator that returned it.";
-    throw Error(ErrorCode::kInvalidArgument, msg.str());
+    throw Error(ErrorCode::kInvalidArgument,
+                prefix + "the pointer was not allocated by streamalloc on this device (foreign pointer, or the wrong "
+                         "device index). Nothing was freed. Free it with the allocator that returned it.");
   }
   for (const Block* b = segment->head; b != nullptr; b = b->next) {
     if (b->address == address) {
-      msg << "double free: the block of " << format_bytes(b->size) << " at this address is already "
-          << (b->state == BlockState::kPending ? "freed and waiting for its stream fences" : "free")
-          << ". Nothing was changed. Check for two owners of one tensor, or a free after a free.";
-      throw Error(ErrorCode::kInvalidArgument, msg.str());
+      throw Error(ErrorCode::kInvalidArgument,
+                  prefix + fmt::format("double free: the block of {} at this address is already {}. Nothing was "
+                                       "changed. Check for two owners of one tensor, or a free after a free.",
+                                       format_bytes(b->size),
+                                       b->state == BlockState::kPending ? "freed and waiting for its stream fences"
+                                                                        : "free"));
     }
     if (address > b->address && address < b->address + b->size) {
-      msg << "the pointer is " << (address - b->address) << " bytes inside the block at 0x" << std::hex
-          << b->address << std::dec << "; only the address returned by malloc can be freed. Nothing was freed.";
-      throw Error(ErrorCode::kInvalidArgument, msg.str());
+      throw Error(ErrorCode::kInvalidArgument,
+                  prefix + fmt::format("the pointer is {} bytes inside the block at {:#x}; only the address returned "
+                                       "by malloc can be freed. Nothing was freed.",
+                                       address - b->address, b->address));
     }
   }
-  msg << "the pointer is inside a streamalloc segment but matches no block. Nothing was freed.";
-  throw Error(ErrorCode::kInvalidArgument, msg.str());
+  throw Error(ErrorCode::kInvalidArgument,
+              prefix + "the pointer is inside a streamalloc segment but matches no block. Nothing was freed.");
 }
 
 }  // namespace streamalloc

@@ -1,7 +1,7 @@
 // DeviceCache::validate(): every invariant of docs/design.md, checked from the block table.
 // Expensive (walks everything); tests and the fuzzer call it after every step.
 #include <map>
-#include <sstream>
+#include <spdlog/fmt/fmt.h>
 #include <stdexcept>
 
 #include "device_cache.hpp"
@@ -13,11 +13,7 @@ namespace {
   throw std::logic_error("streamalloc invariant broken on device " + std::to_string(device) + ": " + what);
 }
 
-std::string hex(std::uintptr_t value) {
-  std::ostringstream s;
-  s << "0x" << std::hex << value;
-  return s.str();
-}
+std::string hex(std::uintptr_t value) { return fmt::format("{:#x}", value); }
 
 // `totals` is false once reset_accumulated_stats() ran: allocated/freed then restart from zero.
 void check_stat(int device, const char* name, const Stat& stat, std::int64_t expected, bool totals) {
