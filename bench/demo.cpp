@@ -128,47 +128,50 @@ int main(int argc, char** argv) {
     Options options = Options::parse(conf);
     if (backend != "auto") options.set("backend", backend);
     std::unique_ptr<DemoDevice> device = make_demo_device(options);
-    Allocator allocator(options, device->backend());
-    std::printf("streamalloc demo on %s\n", device->description().c_str());
-    std::printf("options: %s\n", options.to_conf_string().c_str());
-    std::printf("pipeline: %s (wait_event %s, record_stream %s)\n", variant.c_str(), wait_event ? "on" : "OFF",
-                record_stream ? "on" : "OFF");
+    // The allocator lives in this inner scope so that it is gone before the streams are destroyed.
+    int status = 0;
+    {
+      Allocator allocator(options, device->backend());
+      std::printf("streamalloc demo on %s\n", device->description().c_str());
+      std::printf("options: %s\n", options.to_conf_string().c_str());
+      std::printf("pipeline: %s (wait_event %s, record_stream %s)\n", variant.c_str(), wait_event ? "on" : "OFF",
+                  record_stream ? "on" : "OFF");
 
-    const Stream prefetch = device->create_stream();
-    const Stream compute = device->create_stream();
-    const std::map<Stream, std::string> names = {{prefetch, "prefetch"}, {compute, "compute"}, {0, "default"}};
-    Event ready = device->backend()->create_event(0);
-    void* out = allocator.allocate(4096, 0, compute);  // the mismatch flag the compute stream writes
-    device->fill(out, 4096, 0, compute);
+      const Stream prefetch = device->create_stream();
+      const Stream compute = device->create_stream();
+      const std::map<Stream, std::string> names = {{prefetch, "prefetch"}, {compute, "compute"}, {0, "default"}};
+      Event ready = device->backend()->create_event(0);
+      void* out = allocator.allocate(4096, 0, compute);  // the mismatch flag the compute stream writes
+      device->fill(out, 4096, 0, compute);
 
-    std::mt19937 rng(42);
-    std::uniform_int_distribution<int> batch_kib(256, 4096);
-    std::size_t checked = 0;
-    std::size_t wrong = 0;
-    for (int i = 0; i < iterations; ++i) {
-      const std::size_t bytes = static_cast<std::size_t>(batch_kib(rng)) * KiB;
-      void* batch = allocator.allocate(bytes, 0, prefetch);
-      const auto value = static_cast<unsigned char>(i % 250 + 1);
-      device->fill(batch, bytes, value, prefetch);                  // the H2D copy of the next batch
-      device->backend()->record_event(0, ready, prefetch);         // producer done
-      allocator.note_event_record(reinterpret_cast<std::uintptr_t>(ready), prefetch);  // for check_sync
-      if (wait_event) {                                            // fix 1: consumer waits (wait_event)
-        device->backend()->stream_wait_event(0, compute, ready);
-        allocator.note_event_wait(reinterpret_cast<std::uintptr_t>(ready), compute);
-      }
-      device->consume(batch, bytes, value, out, compute);          // the forward pass reads the batch
-      if (record_stream) allocator.record_stream(batch, compute);  // fix 2: protect it from early reuse
-      allocator.deallocate(batch, bytes, 0, prefetch);             // the Python reference goes away
-      device->step(prefetch, compute);
-      if (i == iterations - 3) {
-        // Mid-flight: the compute stream still has work queued, so recent batches are pending.
-        print_block_table(allocator, names, rows);
-      }
-      if (i % 50 == 49) {
-        device->synchronize();
-        checked += 1;
-        wrong += device->read_mismatch(out) ? 1 : 0;
-      }
+      std::mt19937 rng(42);
+      std::uniform_int_distribution<int> batch_kib(256, 4096);
+      std::size_t checked = 0;
+      std::size_t wrong = 0;
+      for (int i = 0; i < iterations; ++i) {
+        const std::size_t bytes = static_cast<std::size_t>(batch_kib(rng)) * KiB;
+        void* batch = allocator.allocate(bytes, 0, prefetch);
+        const auto value = static_cast<unsigned char>(i % 250 + 1);
+        device->fill(batch, bytes, value, prefetch);                  // the H2D copy of the next batch
+        device->backend()->record_event(0, ready, prefetch);         // producer done
+        allocator.note_event_record(reinterpret_cast<std::uintptr_t>(ready), prefetch);  // for check_sync
+        if (wait_event) {                                            // fix 1: consumer waits (wait_event)
+          device->backend()->stream_wait_event(0, compute, ready);
+          allocator.note_event_wait(reinterpret_cast<std::uintptr_t>(ready), compute);
+        }
+        device->consume(batch, bytes, value, out, compute);          // the forward pass reads the batch
+        if (record_stream) allocator.record_stream(batch, compute);  // fix 2: protect it from early reuse
+        allocator.deallocate(batch, bytes, 0, prefetch);             // the Python reference goes away
+        device->step(prefetch, compute);
+        if (i == iterations - 3) {
+          // Mid-flight: the compute stream still has work queued, so recent batches are pending.
+          print_block_table(allocator, names, rows);
+        }
+        if (i % 50 == 49) {
+          device->synchronize();
+          checked += 1;
+          wrong += device->read_mismatch(out) ? 1 : 0;
+        }
     }
     device->synchronize();
     allocator.process_fences();
@@ -178,9 +181,11 @@ int main(int argc, char** argv) {
     allocator.deallocate(out, 4096, 0, compute);
     allocator.validate();
     device->backend()->destroy_event(0, ready);
-    device->destroy_streams();
     // The broken variants are demonstrations: corruption there is the expected outcome.
-    return wrong == 0 || variant != "fixed" ? 0 : 1;
+    status = wrong == 0 || variant != "fixed" ? 0 : 1;
+    }
+    device->destroy_streams();
+    return status;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "streamalloc_demo: %s\n", e.what());
     return 2;

@@ -265,10 +265,22 @@ double DeviceCache::memory_fraction() const {
   return memory_fraction_;
 }
 
+// Teardown and shutdown. Streams may already be destroyed by now (a program tears down its streams,
+// then the allocator), and a CUDA call on a destroyed stream can crash the driver, so this touches
+// events only: it waits for the fences already recorded and releases what they settle. Blocks whose
+// fences were never recorded keep their segments reserved until the process exits.
 void DeviceCache::release_all() {
   Lock lock(mutex_);
   flush_quarantine();
-  synchronize_all_fences();
+  for (auto& [stream, q] : queues_) {
+    std::vector<Fence> done;
+    try {
+      q->synchronize_all(backend_, device_, &done);
+    } catch (const Error& e) {
+      log().debug("device {}: fence wait at teardown failed: {}", device_, e.what());
+    }
+    for (Fence& fence : done) finish_fence(*q, fence);
+  }
   release_free_segments(SIZE_MAX);
   if (!live_.empty()) {
     log().debug("device {}: {} block(s) still allocated at teardown stay reserved", device_, live_.size());

@@ -121,7 +121,13 @@ class Allocator {
   void cache_info(int device, std::size_t* largest_free_block, std::size_t* total_cached) const;
 
   // Release all cached memory and refuse further calls (kShutdown). Live blocks stay valid until the
-  // backend goes away; their later frees are refused with a clear error, never a crash.
+  // backend goes away; their later frees are refused with a clear error, never a crash. Like the
+  // destructor, it makes no call on any stream (streams may already be destroyed): memory whose
+  // fences were never recorded stays reserved until the process exits.
+  //
+  // Stream lifetime: while the allocator runs, a stream that blocks were allocated or recorded on
+  // must stay alive until those blocks are freed and their fences done (process_fences() or
+  // synchronize_fences() before destroying it). PyTorch's pooled streams are never destroyed.
   void shutdown();
   bool is_shut_down() const;
 
