@@ -178,6 +178,7 @@ void DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hin
   // A free issued on another stream than the allocation stream may still be using the block there.
   if (stream_hint != block->stream && stream_hint != 0 &&
       std::find(block->uses.begin(), block->uses.end(), stream_hint) == block->uses.end()) {
+    queue(stream_hint);  // rejects a stream of another device before anything changes
     check_consumer_waited(block, stream_hint);
     block->uses.push_back(stream_hint);
   }
@@ -193,9 +194,7 @@ void DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hin
   block->requested = 0;
   if (block->uses.empty()) {
     block->since = coarse_now();
-    if (options_.poison == PoisonMode::kFree || options_.poison == PoisonMode::kBoth) {
-      backend_.memset_async(device_, ptr, 0xFF, block->size, block->stream);
-    }
+    if (options_.poison == PoisonMode::kFree || options_.poison == PoisonMode::kBoth) poison(block, block->stream);
     stat_decrease(&DeviceStats::active, pool, 1);
     stat_decrease(&DeviceStats::active_bytes, pool, static_cast<std::int64_t>(block->size));
     free_to_owner(block);
@@ -284,13 +283,19 @@ void DeviceCache::make_pending(Block* block) {
   }
   if (block->since - last_fence_pass_ < kFenceBatchWindow) return;
   last_fence_pass_ = block->since;
-  for (Stream used : block->uses) {
-    FenceQueue& q = queue(used);
-    std::uint64_t queries = 0;
-    Fence fence;
-    while (q.pop_completed(backend_, device_, &fence, &queries)) finish_fence(q, fence);
-    stats_.fences_polled += static_cast<std::int64_t>(queries);
-    if (q.in_flight().empty()) close_batch(q);
+  // The free has happened; a device error in this opportunistic pass must not report it as failed.
+  // The batch stays open and the next allocation that misses the cache fences it.
+  try {
+    for (Stream used : block->uses) {
+      FenceQueue& q = queue(used);
+      std::uint64_t queries = 0;
+      Fence fence;
+      while (q.pop_completed(backend_, device_, &fence, &queries)) finish_fence(q, fence);
+      stats_.fences_polled += static_cast<std::int64_t>(queries);
+      if (q.in_flight().empty()) close_batch(q);
+    }
+  } catch (const Error& e) {
+    log().warn("device {}: fencing after a free failed, retried at the next allocation: {}", device_, e.what());
   }
 }
 
@@ -303,7 +308,7 @@ void DeviceCache::release_pending(Block* block) {
   stat_decrease(&DeviceStats::active_bytes, pool, static_cast<std::int64_t>(block->size));
   if (options_.poison == PoisonMode::kFree || options_.poison == PoisonMode::kBoth) {
     // In the allocation stream's order, after the fences: the block is truly free now.
-    backend_.memset_async(device_, reinterpret_cast<void*>(block->address), 0xFF, block->size, block->stream);
+    poison(block, block->stream);
   }
   const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - block->since).count();
   for (std::size_t i = 0; i < kLatencyBucketUs.size(); ++i) {
@@ -326,6 +331,17 @@ void DeviceCache::settle(Block* block) {
 }
 
 void DeviceCache::mark_settled(Block* block) { block->settled = true; }
+
+// Poisoning is a debugging aid: a device error while filling a block is reported, never allowed to
+// interrupt the bookkeeping change around it.
+void DeviceCache::poison(const Block* block, Stream stream) {
+  try {
+    backend_.memset_async(device_, reinterpret_cast<void*>(block->address), 0xFF, block->size, stream);
+  } catch (const Error& e) {
+    log().error("device {}: poisoning block {:#x} failed (the block is not poisoned): {}", device_, block->address,
+                e.what());
+  }
+}
 
 void DeviceCache::finish_fence(FenceQueue& queue, Fence& fence) {
   for (Block* block : fence.pending) {
@@ -390,10 +406,11 @@ void DeviceCache::synchronize_all_fences(bool for_memory) {
   const auto pending_before = stats_.pending_bytes.current;
   for (auto& [stream, q] : queues_) {
     close_batch(*q);
-    std::vector<Fence> done;
-    q->synchronize_all(backend_, device_, &done);
-    for (Fence& fence : done) finish_fence(*q, fence);
-    fences += done.size();
+    Fence fence;
+    while (q->synchronize_oldest(backend_, device_, &fence)) {
+      finish_fence(*q, fence);
+      ++fences;
+    }
   }
   stats_.fences_synced_host += static_cast<std::int64_t>(fences);
   ++stats_.num_sync_all_streams;

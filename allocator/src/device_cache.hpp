@@ -84,6 +84,7 @@ class DeviceCache {
   void release_pending(Block* block);
   void settle(Block* block);
   void mark_settled(Block* block);
+  void poison(const Block* block, Stream stream);
   void finish_fence(FenceQueue& queue, Fence& fence);
   void close_batches_and_poll();
   void synchronize_all_fences(bool for_memory = false);

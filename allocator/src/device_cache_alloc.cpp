@@ -173,7 +173,7 @@ Block* DeviceCache::take(Block* block, std::size_t size, std::size_t requested, 
     stats_.oversize_allocations.increase(1);
   }
   if (options_.poison == PoisonMode::kAlloc || options_.poison == PoisonMode::kBoth) {
-    backend_.memset_async(device_, reinterpret_cast<void*>(block->address), 0xFF, block->size, stream);
+    poison(block, stream);
   }
   audit_.trace(device_, "malloc", block->address, block->size, stream);
   return block;
@@ -273,13 +273,12 @@ void DeviceCache::release_all() {
   Lock lock(mutex_);
   flush_quarantine();
   for (auto& [stream, q] : queues_) {
-    std::vector<Fence> done;
+    Fence fence;
     try {
-      q->synchronize_all(backend_, device_, &done);
+      while (q->synchronize_oldest(backend_, device_, &fence)) finish_fence(*q, fence);
     } catch (const Error& e) {
       log().debug("device {}: fence wait at teardown failed: {}", device_, e.what());
     }
-    for (Fence& fence : done) finish_fence(*q, fence);
   }
   release_free_segments(SIZE_MAX);
   if (!live_.empty()) {

@@ -51,13 +51,13 @@ bool FenceQueue::pop_completed(Backend& backend, int device, Fence* out, std::ui
   return true;
 }
 
-void FenceQueue::synchronize_all(Backend& backend, int device, std::vector<Fence>* out) {
-  while (!in_flight_.empty()) {
-    backend.synchronize_event(device, in_flight_.front().event);
-    mark_completed(in_flight_.front().seq);
-    out->push_back(std::move(in_flight_.front()));
-    in_flight_.pop_front();
-  }
+bool FenceQueue::synchronize_oldest(Backend& backend, int device, Fence* out) {
+  if (in_flight_.empty()) return false;
+  backend.synchronize_event(device, in_flight_.front().event);
+  *out = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  mark_completed(out->seq);
+  return true;
 }
 
 const Fence* FenceQueue::find(std::uint64_t seq) const {

@@ -75,8 +75,9 @@ class FenceQueue {
   bool close_batch(Backend& backend, EventPool& pool, int device);
   // Pop the oldest in-flight fence if it has completed; returns false when none has.
   bool pop_completed(Backend& backend, int device, Fence* out, std::uint64_t* queries);
-  // Host-wait for every in-flight fence and pop them all (oldest first) into `out`.
-  void synchronize_all(Backend& backend, int device, std::vector<Fence>* out);
+  // Host-wait for the oldest in-flight fence and pop it into `out`; false when none is in flight. One at
+  // a time, so that a failing wait leaves every fence not yet handed out in the queue.
+  bool synchronize_oldest(Backend& backend, int device, Fence* out);
   // Pop the fence with sequence `seq` (after the caller waited on it); used by the GPU-wait path.
   const Fence* find(std::uint64_t seq) const;
   void mark_completed(std::uint64_t seq) {

@@ -1,0 +1,75 @@
+// FaultBackend: a Backend wrapper that fails chosen calls, for fault-injection tests. Every call is
+// forwarded to the wrapped backend unless it is the one chosen to fail, which throws
+// Error(kBackend, "injected ...") as a real device error would (reserve can also refuse, returning
+// nullptr, as a full device does).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "streamalloc/backend.hpp"
+
+namespace streamalloc::testing {
+
+class FaultBackend final : public Backend {
+ public:
+  enum class Op { kReserve, kCreateEvent, kRecordEvent, kQueryEvent, kSynchronizeEvent, kStreamWait, kMemset };
+
+  explicit FaultBackend(std::shared_ptr<Backend> inner) : inner_(std::move(inner)) {}
+
+  // Fail the `nth` next call of `op` (1 = the next one).
+  void fail(Op op, int nth = 1) { countdown_[op] = nth; }
+  int injected() const { return injected_; }
+
+  std::string name() const override { return inner_->name(); }
+  int device_count() const override { return inner_->device_count(); }
+  void* reserve(int device, std::size_t bytes) override {
+    trip(Op::kReserve, "reserve");
+    return inner_->reserve(device, bytes);
+  }
+  void release(int device, void* ptr, std::size_t bytes) override { inner_->release(device, ptr, bytes); }
+  Event create_event(int device) override {
+    trip(Op::kCreateEvent, "create_event");
+    return inner_->create_event(device);
+  }
+  void destroy_event(int device, Event event) override { inner_->destroy_event(device, event); }
+  void record_event(int device, Event event, Stream stream) override {
+    trip(Op::kRecordEvent, "record_event");
+    inner_->record_event(device, event, stream);
+  }
+  bool query_event(int device, Event event) override {
+    trip(Op::kQueryEvent, "query_event");
+    return inner_->query_event(device, event);
+  }
+  void synchronize_event(int device, Event event) override {
+    trip(Op::kSynchronizeEvent, "synchronize_event");
+    inner_->synchronize_event(device, event);
+  }
+  void stream_wait_event(int device, Stream stream, Event event) override {
+    trip(Op::kStreamWait, "stream_wait_event");
+    inner_->stream_wait_event(device, stream, event);
+  }
+  bool is_capturing(int device, Stream stream) override { return inner_->is_capturing(device, stream); }
+  void memset_async(int device, void* ptr, int value, std::size_t bytes, Stream stream) override {
+    trip(Op::kMemset, "memset_async");
+    inner_->memset_async(device, ptr, value, bytes, stream);
+  }
+  DeviceMemoryInfo memory_info(int device) override { return inner_->memory_info(device); }
+  int stream_device(Stream stream) override { return inner_->stream_device(stream); }
+
+ private:
+  void trip(Op op, const char* call) {
+    auto it = countdown_.find(op);
+    if (it == countdown_.end() || --it->second > 0) return;
+    countdown_.erase(it);
+    ++injected_;
+    throw Error(ErrorCode::kBackend, std::string("injected ") + call + " failure");
+  }
+
+  std::shared_ptr<Backend> inner_;
+  std::map<Op, int> countdown_;
+  int injected_ = 0;
+};
+
+}  // namespace streamalloc::testing
