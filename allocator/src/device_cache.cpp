@@ -469,41 +469,40 @@ DeviceStats DeviceCache::stats() const {
   DeviceStats copy = stats_;
   for (const auto& [stream, q] : queues_) {
     const StreamPending& p = q->pending_stats();
-    if (p.pending_blocks.allocated != 0) copy.per_stream[stream] = p;
+    if (p.pending_blocks.allocated != 0 || p.pending_blocks.current != 0) copy.per_stream[stream] = p;
   }
   return copy;
 }
 
-void DeviceCache::reset_peak_stats() {
-  Lock lock(mutex_);
-#define STREAMALLOC_RESET_PEAK(name, kind, help) \
-  for (Stat & s : stats_.name) s.reset_peak();
-  STREAMALLOC_POOL_STATS(STREAMALLOC_RESET_PEAK)
-#undef STREAMALLOC_RESET_PEAK
+// Every Stat the cache keeps, for the two resets.
+template <typename F>
+void DeviceCache::for_each_stat(F&& visit) {
+#define STREAMALLOC_VISIT(name, kind, help) \
+  for (Stat & s : stats_.name) visit(s);
+  STREAMALLOC_POOL_STATS(STREAMALLOC_VISIT)
+#undef STREAMALLOC_VISIT
   for (Stat* s : {&stats_.pending_blocks, &stats_.pending_bytes, &stats_.oversize_allocations,
                   &stats_.oversize_segments}) {
-    s->reset_peak();
+    visit(*s);
   }
   for (auto& [stream, q] : queues_) {
-    q->pending_stats().pending_blocks.reset_peak();
-    q->pending_stats().pending_bytes.reset_peak();
+    visit(q->pending_stats().pending_blocks);
+    visit(q->pending_stats().pending_bytes);
   }
+}
+
+void DeviceCache::reset_peak_stats() {
+  Lock lock(mutex_);
+  for_each_stat([](Stat& s) { s.reset_peak(); });
 }
 
 void DeviceCache::reset_accumulated_stats() {
   Lock lock(mutex_);
-#define STREAMALLOC_RESET_ACCUMULATED(name, kind, help) \
-  for (Stat & s : stats_.name) s.reset_accumulated();
-  STREAMALLOC_POOL_STATS(STREAMALLOC_RESET_ACCUMULATED)
-#undef STREAMALLOC_RESET_ACCUMULATED
+  for_each_stat([](Stat& s) { s.reset_accumulated(); });
 #define STREAMALLOC_RESET_COUNT(name, help) stats_.name = 0;
   STREAMALLOC_EVENT_COUNTS(STREAMALLOC_RESET_COUNT)
   STREAMALLOC_STREAM_COUNTS(STREAMALLOC_RESET_COUNT)
 #undef STREAMALLOC_RESET_COUNT
-  for (Stat* s : {&stats_.pending_blocks, &stats_.pending_bytes, &stats_.oversize_allocations,
-                  &stats_.oversize_segments}) {
-    s->reset_accumulated();
-  }
   stats_.free_to_reusable_us.fill(0);
   accumulated_reset_ = true;
 }

@@ -101,6 +101,8 @@ class DeviceCache {
   void uncount_inactive_split(Block* block);
 
   // ---- stats ----
+  template <typename F>
+  void for_each_stat(F&& visit);
   void stat_increase(StatArray DeviceStats::*field, PoolKind pool, std::int64_t amount);
   void stat_decrease(StatArray DeviceStats::*field, PoolKind pool, std::int64_t amount);
 

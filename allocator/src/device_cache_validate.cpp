@@ -78,8 +78,8 @@ void DeviceCache::validate() const {
     }
     const StreamPending& ps = q->pending_stats();
     const auto& expected = per_stream_pending[stream];
-    check_stat(device_, "per-stream pending_blocks", ps.pending_blocks, expected.first, true);
-    check_stat(device_, "per-stream pending_bytes", ps.pending_bytes, expected.second, true);
+    check_stat(device_, "per-stream pending_blocks", ps.pending_blocks, expected.first, !accumulated_reset_);
+    check_stat(device_, "per-stream pending_bytes", ps.pending_bytes, expected.second, !accumulated_reset_);
   }
 
   std::uintptr_t previous_end = 0;
