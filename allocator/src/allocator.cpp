@@ -82,22 +82,19 @@ void* Allocator::allocate(std::size_t size, int device, Stream stream) {
 
 void Allocator::deallocate(void* ptr, std::size_t size, int device, Stream stream) {
   if (ptr == nullptr) return;
-  if (device >= 0) {
-    DeviceCache& c = cache(device);
-    if (!c.owns_live(ptr)) {
-      const int actual = find_device(ptr, -1);
-      if (actual >= 0) {
-        throw Error(ErrorCode::kInvalidArgument,
-                    "streamalloc: free(" + hex(reinterpret_cast<std::uintptr_t>(ptr)) + ") names device " +
-                        std::to_string(device) + " but the block lives on device " + std::to_string(actual) +
-                        "; nothing was freed. Pass the device it was allocated on.");
-      }
-    }
-    c.deallocate(ptr, size, stream);
-    return;
-  }
+  // The common case costs one lookup: the named device (or device 0 when unknown) holds the block.
+  DeviceCache& named = cache(device >= 0 ? device : 0);
+  if (named.deallocate(ptr, size, stream)) return;
   const int actual = find_device(ptr, -1);
-  cache(actual >= 0 ? actual : 0).deallocate(ptr, size, stream);
+  if (actual >= 0 && device < 0) {
+    if (cache(actual).deallocate(ptr, size, stream)) return;
+  } else if (actual >= 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "streamalloc: free(" + hex(reinterpret_cast<std::uintptr_t>(ptr)) + ") names device " +
+                    std::to_string(device) + " but the block lives on device " + std::to_string(actual) +
+                    "; nothing was freed. Pass the device it was allocated on.");
+  }
+  named.reject_free(ptr);
 }
 
 void Allocator::record_stream(void* ptr, Stream stream) {

@@ -41,8 +41,7 @@ DeviceCache::~DeviceCache() {
 }
 
 // Streams are checked once, when the cache first sees them, so the hot path pays only a lookup.
-FenceQueue& DeviceCache::queue(Stream stream) {
-  if (last_queue_ != nullptr && last_queue_->stream() == stream) return *last_queue_;
+FenceQueue& DeviceCache::find_or_add_queue(Stream stream) {
   auto it = queues_.find(stream);
   if (it == queues_.end()) {
     const int owner = backend_.stream_device(stream);
@@ -60,16 +59,6 @@ FenceQueue& DeviceCache::queue(Stream stream) {
 }
 
 // ---------------------------------------------------------------- stats helpers
-
-void DeviceCache::stat_increase(StatArray DeviceStats::*field, PoolKind pool, std::int64_t amount) {
-  (stats_.*field)[0].increase(amount);
-  (stats_.*field)[pool_index(pool)].increase(amount);
-}
-
-void DeviceCache::stat_decrease(StatArray DeviceStats::*field, PoolKind pool, std::int64_t amount) {
-  (stats_.*field)[0].decrease(amount);
-  (stats_.*field)[pool_index(pool)].decrease(amount);
-}
 
 void DeviceCache::count_inactive_split(Block* block) {
   if (block->counted_inactive_split || !block->is_split()) return;
@@ -158,14 +147,17 @@ bool DeviceCache::owns_address(const void* ptr) const {
   return address < it->first + it->second->size;
 }
 
-void DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hint) {
+void DeviceCache::reject_free(const void* ptr) {
+  Lock lock(mutex_);
+  ++stats_.invalid_frees;
+  throw_bad_free(ptr, "free");
+}
+
+bool DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hint) {
   Lock lock(mutex_);
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   auto it = live_.find(address);
-  if (it == live_.end()) {
-    ++stats_.invalid_frees;
-    throw_bad_free(ptr, "free");
-  }
+  if (it == live_.end()) return false;
   Block* block = it->second;
   if (size_hint != 0 && size_hint != block->requested) {
     ++stats_.invalid_frees;
@@ -202,6 +194,7 @@ void DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hin
     block->since = Clock::now();  // precise: the free-to-reusable latency is measured from here
     make_pending(block);
   }
+  return true;
 }
 
 // check_sync: a stream the block is handed to should already be ordered after the allocation

@@ -35,7 +35,10 @@ class DeviceCache {
   DeviceCache& operator=(const DeviceCache&) = delete;
 
   void* allocate(std::size_t requested, Stream stream);
-  void deallocate(void* ptr, std::size_t size_hint, Stream stream_hint);
+  // Frees a live block of this device; false (nothing changed) when `ptr` is not live here.
+  bool deallocate(void* ptr, std::size_t size_hint, Stream stream_hint);
+  // Counts a rejected free and throws the error that says which mistake it was.
+  [[noreturn]] void reject_free(const void* ptr);
   void record_stream(void* ptr, Stream stream);
   bool owns_live(const void* ptr) const;
   bool owns_address(const void* ptr) const;  // inside any segment of this device
@@ -89,7 +92,11 @@ class DeviceCache {
   void close_batches_and_poll();
   void synchronize_all_fences(bool for_memory = false);
   bool any_stream_capturing();
-  FenceQueue& queue(Stream stream);
+  FenceQueue& queue(Stream stream) {
+    if (last_queue_ != nullptr && last_queue_->stream() == stream) return *last_queue_;
+    return find_or_add_queue(stream);
+  }
+  FenceQueue& find_or_add_queue(Stream stream);
 
   // ---- free-index bookkeeping ----
   Stream settled_key(const Block* block) const;
@@ -103,8 +110,15 @@ class DeviceCache {
   // ---- stats ----
   template <typename F>
   void for_each_stat(F&& visit);
-  void stat_increase(StatArray DeviceStats::*field, PoolKind pool, std::int64_t amount);
-  void stat_decrease(StatArray DeviceStats::*field, PoolKind pool, std::int64_t amount);
+  // The aggregate and the block's pool move together (inline: a pair of calls costs ten of these).
+  void stat_increase(StatArray DeviceStats::*field, PoolKind pool, std::int64_t amount) {
+    (stats_.*field)[0].increase(amount);
+    (stats_.*field)[pool_index(pool)].increase(amount);
+  }
+  void stat_decrease(StatArray DeviceStats::*field, PoolKind pool, std::int64_t amount) {
+    (stats_.*field)[0].decrease(amount);
+    (stats_.*field)[pool_index(pool)].decrease(amount);
+  }
 
   // ---- reports (device_cache_report.cpp) ----
   BlockInfo describe(const Block* block, Clock::time_point now) const;
