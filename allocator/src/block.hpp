@@ -61,6 +61,8 @@ struct Block {
   bool in_settle_list = false;
   // Free but held back from reuse by quarantine_mb (in no index, never merged).
   bool quarantined = false;
+  // Free, owned by its stream, and parked unmerged in that stream's hot list for an exact-size reuse.
+  bool hot = false;
   // check_sync: the allocation stream's tick when the block was handed out.
   std::uint64_t alloc_tick = 0;
 

@@ -105,7 +105,7 @@ void DeviceCache::remove_free(Block* block) {
 
 bool DeviceCache::mergeable(const Block* a, const Block* b) const {
   if (a == nullptr || b == nullptr) return false;
-  if (a->quarantined || b->quarantined) return false;
+  if (a->quarantined || b->quarantined || a->hot || b->hot) return false;
   if (a->state != BlockState::kFree || b->state != BlockState::kFree) return false;
   if (a->settled != b->settled) return false;
   return a->settled || a->stream == b->stream;
@@ -215,7 +215,46 @@ void DeviceCache::free_to_owner(Block* block) {
   block->uses.clear();
   FenceQueue& owner = queue(block->stream);
   block->settle_seq = owner.join_as_owner();
+  if (options_.quarantine_bytes == 0 && owner.completed_seq() < block->settle_seq) {
+    block->hot = true;
+    count_inactive_split(block);
+    owner.hot().push_back(block);
+    if (owner.hot().size() > FenceQueue::kHotBlocks) flush_hot(owner, FenceQueue::kHotBlocks / 2);
+    return;
+  }
   make_available(block);
+}
+
+Block* DeviceCache::take_hot(FenceQueue& q, std::size_t size) {
+  std::vector<Block*>& hot = q.hot();
+  for (std::size_t i = hot.size(); i-- > 0;) {
+    Block* block = hot[i];
+    if (block->size != size) continue;
+    hot.erase(hot.begin() + static_cast<std::ptrdiff_t>(i));
+    block->hot = false;
+    uncount_inactive_split(block);
+    return block;
+  }
+  return nullptr;
+}
+
+void DeviceCache::flush_hot(FenceQueue& q, std::size_t keep) {
+  std::vector<Block*>& hot = q.hot();
+  if (hot.size() <= keep) return;
+  const std::size_t flush = hot.size() - keep;
+  std::vector<Block*> oldest(hot.begin(), hot.begin() + static_cast<std::ptrdiff_t>(flush));
+  hot.erase(hot.begin(), hot.begin() + static_cast<std::ptrdiff_t>(flush));
+  // One at a time: a block still marked hot is not merged, so no block in `oldest` is merged away
+  // (and deleted) before its own turn.
+  for (Block* block : oldest) {
+    block->hot = false;
+    uncount_inactive_split(block);
+    enter_free_lists(block);
+  }
+}
+
+void DeviceCache::flush_all_hot() {
+  for (auto& [stream, q] : queues_) flush_hot(*q, 0);
 }
 
 void DeviceCache::make_available(Block* block) {
@@ -370,6 +409,7 @@ bool DeviceCache::any_stream_capturing() {
 // Close every open batch (one event per stream) and pop completed fences, oldest first per stream.
 // While any stream captures a graph, nothing is recorded or queried (rule 6).
 void DeviceCache::close_batches_and_poll() {
+  flush_all_hot();  // parked blocks join the free lists, where they can merge and settle
   if (any_stream_capturing()) return;
   const auto now = Clock::now();
   for (auto& [stream, q] : queues_) {
@@ -394,6 +434,7 @@ void DeviceCache::close_batches_and_poll() {
 // Host-wait for every fence (the OOM path, empty_cache, teardown). Afterwards nothing is pending.
 // `for_memory`: the OOM path, where the audit reports the host sync as a sign of memory pressure.
 void DeviceCache::synchronize_all_fences(bool for_memory) {
+  flush_all_hot();
   if (any_stream_capturing()) return;
   std::size_t fences = 0;
   const auto pending_before = stats_.pending_bytes.current;

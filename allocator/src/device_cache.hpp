@@ -71,6 +71,7 @@ class DeviceCache {
   Block* find_free_after_gpu_wait(PoolKind pool, std::size_t size, Stream stream);
   Block* reserve_segment(PoolKind pool, std::size_t size, Stream stream);
   Block* take(Block* block, std::size_t size, std::size_t requested, Stream stream);
+  Block* hand_out(Block* block, std::size_t requested, Stream stream);  // mark allocated, account
   std::size_t release_free_segments(std::size_t target_bytes);
   [[noreturn]] void throw_out_of_memory(std::size_t requested, std::size_t size, Stream stream);
   std::size_t memory_cap() const;
@@ -80,6 +81,9 @@ class DeviceCache {
   void make_available(Block* block);    // into the free indexes, or first through the quarantine
   void enter_free_lists(Block* block);  // settle if its fence completed, merge, index
   void release_oldest_quarantined();
+  Block* take_hot(FenceQueue& queue, std::size_t size);  // an exact-size hot block, out of the list
+  void flush_hot(FenceQueue& queue, std::size_t keep);     // move all but `keep` newest into free lists
+  void flush_all_hot();
   void flush_quarantine();
   bool close_batch(FenceQueue& queue);  // record a fence for the open batch; false if it was empty
   void check_consumer_waited(const Block* block, Stream consumer);

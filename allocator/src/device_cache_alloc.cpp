@@ -34,8 +34,9 @@ void* DeviceCache::allocate(std::size_t requested, Stream stream) {
     audit_.out_of_memory(device_, msg);
     throw Error(ErrorCode::kOutOfMemory, msg);
   }
-  queue(stream);  // first sight of a stream checks that it belongs to this device
+  FenceQueue& own = queue(stream);  // first sight of a stream checks that it belongs to this device
   const std::size_t size = size_policy::round_size(requested, options_);
+  if (Block* hot = take_hot(own, size)) return reinterpret_cast<void*>(hand_out(hot, requested, stream)->address);
   const PoolKind pool = size_policy::pool_for(size);
 
   Block* block = find_free(pool, size, stream);
@@ -154,6 +155,11 @@ Block* DeviceCache::take(Block* block, std::size_t size, std::size_t requested, 
     block->size = size;
     insert_free(rest);
   }
+  return hand_out(block, requested, stream);
+}
+
+Block* DeviceCache::hand_out(Block* block, std::size_t requested, Stream stream) {
+  const PoolKind pool = block->segment->pool;
   block->state = BlockState::kAllocated;
   block->settled = false;
   block->stream = stream;
@@ -271,6 +277,7 @@ double DeviceCache::memory_fraction() const {
 // fences were never recorded keep their segments reserved until the process exits.
 void DeviceCache::release_all() {
   Lock lock(mutex_);
+  flush_all_hot();
   flush_quarantine();
   for (auto& [stream, q] : queues_) {
     Fence fence;

@@ -42,7 +42,7 @@ void DeviceCache::validate() const {
   auto oversize = [&](std::size_t size) { return max_split != 0 && size >= max_split; };
   std::size_t free_blocks[2] = {0, 0};  // unsettled, settled
   std::size_t live_blocks = 0;
-  std::size_t quarantined = 0, quarantined_bytes = 0;
+  std::size_t quarantined = 0, quarantined_bytes = 0, hot_blocks = 0, hot_listed = 0;
   std::size_t reserved = 0;
 
   // Pending blocks: how many fences (open or in flight) list each one.
@@ -75,6 +75,12 @@ void DeviceCache::validate() const {
                                                      "must release exactly its batch)");
       }
       previous = b->settle_seq;
+    }
+    for (const Block* b : q->hot()) {
+      if (!b->hot || b->state != BlockState::kFree || b->stream != stream) {
+        broken(device_, "hot list of stream " + hex(stream) + " holds block " + hex(b->address) + " that is not parked there");
+      }
+      ++hot_listed;
     }
     const StreamPending& ps = q->pending_stats();
     const auto& expected = per_stream_pending[stream];
@@ -136,6 +142,18 @@ void DeviceCache::validate() const {
         }
         case BlockState::kFree:
           if (live != live_.end()) broken(device_, "free block " + hex(b->address) + " is in the live table");
+          if (b->hot) {
+            if (in_unsettled || in_settled || b->in_settle_list || b->settled) {
+              broken(device_, "hot block " + hex(b->address) + " is also in a free index or settled");
+            }
+            ++hot_blocks;
+            if (b->counted_inactive_split != b->is_split()) broken(device_, "inactive_split accounting of block " + hex(b->address));
+            if (b->is_split()) {
+              t.inactive_split += 1;
+              t.inactive_split_bytes += size;
+            }
+            break;
+          }
           if (b->quarantined) {
             if (in_unsettled || in_settled || b->in_settle_list) broken(device_, "quarantined block " + hex(b->address) + " is reusable");
             ++quarantined;
@@ -167,6 +185,7 @@ void DeviceCache::validate() const {
     }
     if (expected_address != address + segment->size) broken(device_, "segment " + hex(address) + " blocks do not add up to its size");
   }
+  if (hot_blocks != hot_listed) broken(device_, "a block is marked hot but is in no stream's hot list");
   if (quarantined != quarantine_.size() || quarantined_bytes != quarantine_bytes_) {
     broken(device_, "the quarantine FIFO disagrees with the blocks marked quarantined");
   }

@@ -90,6 +90,12 @@ class FenceQueue {
   StreamPending& pending_stats() { return pending_; }
   const StreamPending& pending_stats() const { return pending_; }
 
+  // ---- hot list: blocks just freed on this stream, kept unmerged so that the next allocation of the
+  // same size takes one back without splitting or merging (the common alloc/free loop) ----
+  static constexpr std::size_t kHotBlocks = 8;
+  std::vector<Block*>& hot() { return hot_; }
+  const std::vector<Block*>& hot() const { return hot_; }
+
   // ---- unsettled free blocks owned by this stream, kept in settle_seq order ----
   void settle_list_insert(Block* block);
   void settle_list_remove(Block* block);
@@ -103,6 +109,7 @@ class FenceQueue {
   std::vector<Block*> open_pending_;
   std::deque<Fence> in_flight_;
   StreamPending pending_;
+  std::vector<Block*> hot_;
   Block* settle_head_ = nullptr;
   Block* settle_tail_ = nullptr;
 };
