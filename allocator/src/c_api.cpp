@@ -58,12 +58,13 @@ void clear_error() {
   t_last_code = 0;
   t_last_error.clear();
 }
+// (t_last_code is set together with every t_last_error, so a zero code means the string is empty.)
 
 // Run `body`, turning every exception into the thread's last error.
 template <typename F>
 bool guarded(F&& body) {
   try {
-    clear_error();
+    if (t_last_code != 0) clear_error();  // the common case (no earlier error) touches no string
     body();
     return true;
   } catch (const Error& e) {
