@@ -53,12 +53,45 @@ class InstallPath(Protocol):
     def note_device_synchronize(self) -> None: ...
 
 
-class ExtensionPath:
+class _Reports:
+    """The calls both paths pass straight to their native object (the extension module or the C
+    library), which expose them under the same names."""
+
+    def __init__(self, native):
+        self._native = native
+
+    def is_initialized(self) -> bool:
+        return self._native.is_initialized()
+
+    def stats_json(self, device: int) -> str:
+        return self._native.stats_json(device)
+
+    def snapshot_json(self) -> str:
+        return self._native.snapshot_json()
+
+    def reset_peak_stats(self, device: int) -> None:
+        self._native.reset_peak_stats(device)
+
+    def note_event_record(self, event: int, stream: int) -> None:
+        self._native.note_event_record(event, stream)
+
+    def note_event_wait(self, event: int, stream: int) -> None:
+        self._native.note_event_wait(event, stream)
+
+    def note_stream_synchronize(self, stream: int) -> None:
+        self._native.note_stream_synchronize(stream)
+
+    def note_device_synchronize(self) -> None:
+        self._native.note_device_synchronize()
+
+
+class ExtensionPath(_Reports):
     """The LibTorch extension; options are parsed and compared by the native Options table."""
 
     name = "extension"
 
     def __init__(self, module):
+        super().__init__(module)
         self._ext = module
 
     def canonical(self, conf: str) -> str:
@@ -73,37 +106,14 @@ class ExtensionPath:
     def install(self, conf: str) -> None:
         self._ext.install(conf)
 
-    def is_initialized(self) -> bool:
-        return self._ext.is_initialized()
 
-    def stats_json(self, device: int) -> str:
-        return self._ext.stats_json(device)
-
-    def snapshot_json(self) -> str:
-        return self._ext.snapshot_json()
-
-    def reset_peak_stats(self, device: int) -> None:
-        self._ext.reset_peak_stats(device)
-
-    def note_event_record(self, event: int, stream: int) -> None:
-        self._ext.note_event_record(event, stream)
-
-    def note_event_wait(self, event: int, stream: int) -> None:
-        self._ext.note_event_wait(event, stream)
-
-    def note_stream_synchronize(self, stream: int) -> None:
-        self._ext.note_stream_synchronize(stream)
-
-    def note_device_synchronize(self) -> None:
-        self._ext.note_device_synchronize()
-
-
-class CAbiPath:
+class CAbiPath(_Reports):
     """libstreamalloc.so through torch.cuda.memory.CUDAPluggableAllocator and ctypes."""
 
     name = "c-abi"
 
     def __init__(self, library: _native.CLibrary):
+        super().__init__(library)
         self._lib = library
         self._torch_allocator = None  # keeps the Python wrapper alive with the process
 
@@ -129,30 +139,6 @@ class CAbiPath:
         hooks.set_base_alloc_fn(self._lib.address("streamalloc_base_alloc"))
         torch.cuda.memory.change_current_allocator(allocator)
         self._torch_allocator = allocator
-
-    def is_initialized(self) -> bool:
-        return self._lib.is_initialized()
-
-    def stats_json(self, device: int) -> str:
-        return self._lib.stats_json(device)
-
-    def snapshot_json(self) -> str:
-        return self._lib.snapshot_json()
-
-    def reset_peak_stats(self, device: int) -> None:
-        self._lib.reset_peak_stats(device)
-
-    def note_event_record(self, event: int, stream: int) -> None:
-        self._lib.note_event_record(event, stream)
-
-    def note_event_wait(self, event: int, stream: int) -> None:
-        self._lib.note_event_wait(event, stream)
-
-    def note_stream_synchronize(self, stream: int) -> None:
-        self._lib.note_stream_synchronize(stream)
-
-    def note_device_synchronize(self) -> None:
-        self._lib.note_device_synchronize()
 
 
 class _State:
