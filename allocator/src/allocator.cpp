@@ -99,10 +99,13 @@ void Allocator::deallocate(void* ptr, std::size_t size, int device, Stream strea
 
 void Allocator::record_stream(void* ptr, Stream stream) {
   const int stream_device = backend_->stream_device(stream);
-  const int device = find_device(ptr, stream_device);
+  // The common case costs one lookup: the block lives on the stream's device.
+  DeviceCache& home = cache(stream_device >= 0 && stream_device < device_count() ? stream_device : 0);
+  if (home.record_stream(ptr, stream)) return;
+  const int device = find_device(ptr, -1);
   if (device < 0) {
     // Not live anywhere: counted (and audited) by the device the stream belongs to.
-    cache(stream_device >= 0 && stream_device < device_count() ? stream_device : 0).record_stream(ptr, stream);
+    home.record_stream_not_live(ptr, stream);
     return;
   }
   if (stream_device >= 0 && stream_device != device) {

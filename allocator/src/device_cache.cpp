@@ -466,34 +466,39 @@ void DeviceCache::synchronize_fences() {
 
 // ---------------------------------------------------------------- record_stream
 
-void DeviceCache::record_stream(void* ptr, Stream stream) {
-  Lock lock(mutex_);
-  ++stats_.record_stream_calls;
-  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (it == live_.end()) {
+void DeviceCache::record_stream_not_live(const void* ptr, Stream stream) {
+  {
+    Lock lock(mutex_);
+    ++stats_.record_stream_calls;
     ++stats_.record_stream_unknown_ptr;
-    lock.unlock();
-    const bool ours = owns_address(ptr);
-    audit_.record_stream_not_live(device_, ptr, stream,
-                                  ours ? "the block is already freed (record_stream came too late)"
-                                       : "the pointer was not allocated by streamalloc");
-    return;
   }
+  const bool ours = owns_address(ptr);
+  audit_.record_stream_not_live(device_, ptr, stream,
+                                ours ? "the block is already freed (record_stream came too late)"
+                                     : "the pointer was not allocated by streamalloc");
+}
+
+bool DeviceCache::record_stream(void* ptr, Stream stream) {
+  Lock lock(mutex_);
+  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == live_.end()) return false;
+  ++stats_.record_stream_calls;
   Block* block = it->second;
   if (stream == block->stream) {
     ++stats_.record_stream_on_alloc_stream;
     audit_.record_stream_on_allocation_stream(device_, block->address, stream);
-    return;
+    return true;
   }
   if (std::find(block->uses.begin(), block->uses.end(), stream) != block->uses.end()) {
     ++stats_.record_stream_duplicate;
     audit_.record_stream_duplicate(device_, block->address, stream);
-    return;
+    return true;
   }
   check_consumer_waited(block, stream);
   block->uses.push_back(stream);
   ++block->record_calls;
   audit_.trace(device_, "record_stream", block->address, block->size, stream);
+  return true;
 }
 
 // ---------------------------------------------------------------- stats

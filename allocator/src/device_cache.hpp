@@ -39,7 +39,11 @@ class DeviceCache {
   bool deallocate(void* ptr, std::size_t size_hint, Stream stream_hint);
   // Counts a rejected free and throws the error that says which mistake it was.
   [[noreturn]] void reject_free(const void* ptr);
-  void record_stream(void* ptr, Stream stream);
+  // Adds `stream` to a live block's uses; false (nothing changed, nothing counted) when `ptr` is not
+  // live here.
+  bool record_stream(void* ptr, Stream stream);
+  // Counts and audits a record_stream on a pointer that is live on no device.
+  void record_stream_not_live(const void* ptr, Stream stream);
   bool owns_live(const void* ptr) const;
   bool owns_address(const void* ptr) const;  // inside any segment of this device
 
