@@ -101,8 +101,7 @@ void Audit::missing_wait(int device, std::uintptr_t address, std::size_t size, S
       count, address, format_bytes(size), device, producer, consumer, consumer, producer);
 }
 
-void Audit::trace(int device, const char* what, std::uintptr_t address, std::size_t size, Stream stream) {
-  if (mode_ != AuditMode::kTrace) return;
+void Audit::trace_line(int device, const char* what, std::uintptr_t address, std::size_t size, Stream stream) {
   logger_->info("{} device={} ptr={:#x} size={} stream={:#x}", what, device, address, size, stream);
 }
 

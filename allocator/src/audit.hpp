@@ -35,13 +35,16 @@ class Audit {
   void out_of_memory(int device, const std::string& report);
   // check_sync: `consumer` used a block of `producer` without being ordered after the producer.
   void missing_wait(int device, std::uintptr_t address, std::size_t size, Stream producer, Stream consumer);
-  // Trace mode: one line per allocation event.
-  void trace(int device, const char* what, std::uintptr_t address, std::size_t size, Stream stream);
+  // Trace mode: one line per allocation event. Inline, so the hot path pays one compare when off.
+  void trace(int device, const char* what, std::uintptr_t address, std::size_t size, Stream stream) {
+    if (mode_ == AuditMode::kTrace) trace_line(device, what, address, size, stream);
+  }
   void flush();
 
  private:
   // Repeated findings are logged the 1st, 10th, 100th... time per (producer, consumer) pair, so a bug
   // in a training loop reads as one message with a count, not a flood. Stats count every one.
+  void trace_line(int device, const char* what, std::uintptr_t address, std::size_t size, Stream stream);
   bool should_log_repeat(Stream producer, Stream consumer, std::uint64_t* count);
 
   AuditMode mode_;

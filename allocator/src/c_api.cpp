@@ -35,7 +35,9 @@ Global& global() {
 }
 
 thread_local std::string t_last_error;
-thread_local int t_last_code = 0;
+// Read by every hook: the initial-exec model turns the read into one load instead of a call to
+// __tls_get_addr (a few bytes of the static TLS that dlopen'ed libraries may use).
+thread_local int t_last_code __attribute__((tls_model("initial-exec"))) = 0;
 
 int code_number(ErrorCode code) {
   switch (code) {

@@ -17,6 +17,7 @@ DeviceCache::DeviceCache(int device, const Options& options, Backend& backend, A
       backend_(backend),
       audit_(audit),
       sync_(sync),
+      mutex_(options.lock),
       memory_fraction_(options.memory_fraction),
       events_(backend, device) {
   stats_.max_split_size =
@@ -59,20 +60,6 @@ FenceQueue& DeviceCache::find_or_add_queue(Stream stream) {
 }
 
 // ---------------------------------------------------------------- stats helpers
-
-void DeviceCache::count_inactive_split(Block* block) {
-  if (block->counted_inactive_split || !block->is_split()) return;
-  block->counted_inactive_split = true;
-  stat_increase(&DeviceStats::inactive_split, block->segment->pool, 1);
-  stat_increase(&DeviceStats::inactive_split_bytes, block->segment->pool, static_cast<std::int64_t>(block->size));
-}
-
-void DeviceCache::uncount_inactive_split(Block* block) {
-  if (!block->counted_inactive_split) return;
-  block->counted_inactive_split = false;
-  stat_decrease(&DeviceStats::inactive_split, block->segment->pool, 1);
-  stat_decrease(&DeviceStats::inactive_split_bytes, block->segment->pool, static_cast<std::int64_t>(block->size));
-}
 
 // ---------------------------------------------------------------- free indexes
 
@@ -135,7 +122,7 @@ Block* DeviceCache::merge_free_neighbours(Block* block) {
 
 bool DeviceCache::owns_live(const void* ptr) const {
   Lock lock(mutex_);
-  return live_.count(reinterpret_cast<std::uintptr_t>(ptr)) != 0;
+  return live_.find(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
 }
 
 bool DeviceCache::owns_address(const void* ptr) const {
@@ -156,9 +143,8 @@ void DeviceCache::reject_free(const void* ptr) {
 bool DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hint) {
   Lock lock(mutex_);
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-  auto it = live_.find(address);
-  if (it == live_.end()) return false;
-  Block* block = it->second;
+  Block* block = live_.find(address);
+  if (block == nullptr) return false;
   if (size_hint != 0 && size_hint != block->requested) {
     ++stats_.invalid_frees;
     throw Error(ErrorCode::kInvalidArgument,
@@ -174,7 +160,7 @@ bool DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hin
     check_consumer_waited(block, stream_hint);
     block->uses.push_back(stream_hint);
   }
-  live_.erase(it);
+  live_.erase(address);
   const PoolKind pool = block->segment->pool;
   stat_decrease(&DeviceStats::allocation, pool, 1);
   stat_decrease(&DeviceStats::allocated_bytes, pool, static_cast<std::int64_t>(block->size));
@@ -480,10 +466,9 @@ void DeviceCache::record_stream_not_live(const void* ptr, Stream stream) {
 
 bool DeviceCache::record_stream(void* ptr, Stream stream) {
   Lock lock(mutex_);
-  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (it == live_.end()) return false;
+  Block* block = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (block == nullptr) return false;
   ++stats_.record_stream_calls;
-  Block* block = it->second;
   if (stream == block->stream) {
     ++stats_.record_stream_on_alloc_stream;
     audit_.record_stream_on_allocation_stream(device_, block->address, stream);

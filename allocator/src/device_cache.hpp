@@ -10,12 +10,13 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "block.hpp"
+#include "cache_mutex.hpp"
 #include "fence_queue.hpp"
 #include "free_index.hpp"
+#include "live_map.hpp"
 #include "streamalloc/allocator.hpp"
 #include "streamalloc/backend.hpp"
 #include "streamalloc/options.hpp"
@@ -68,7 +69,7 @@ class DeviceCache {
   void validate() const;
 
  private:
-  using Lock = std::unique_lock<std::mutex>;
+  using Lock = std::unique_lock<CacheMutex>;
 
   // ---- allocation path (device_cache_alloc.cpp) ----
   Block* find_free(PoolKind pool, std::size_t size, Stream stream);
@@ -112,8 +113,20 @@ class DeviceCache {
   void remove_free(Block* block);
   Block* merge_free_neighbours(Block* block);
   bool mergeable(const Block* a, const Block* b) const;
-  void count_inactive_split(Block* block);
-  void uncount_inactive_split(Block* block);
+  // A free block inside a segment that is not entirely free counts as an inactive split (PyTorch's
+  // definition); the flag makes counting idempotent. Inline: every cached alloc and free passes here.
+  void count_inactive_split(Block* block) {
+    if (block->counted_inactive_split || !block->is_split()) return;
+    block->counted_inactive_split = true;
+    stat_increase(&DeviceStats::inactive_split, block->segment->pool, 1);
+    stat_increase(&DeviceStats::inactive_split_bytes, block->segment->pool, static_cast<std::int64_t>(block->size));
+  }
+  void uncount_inactive_split(Block* block) {
+    if (!block->counted_inactive_split) return;
+    block->counted_inactive_split = false;
+    stat_decrease(&DeviceStats::inactive_split, block->segment->pool, 1);
+    stat_decrease(&DeviceStats::inactive_split_bytes, block->segment->pool, static_cast<std::int64_t>(block->size));
+  }
 
   // ---- stats ----
   template <typename F>
@@ -137,14 +150,14 @@ class DeviceCache {
   Backend& backend_;
   Audit& audit_;
   SyncChecker* sync_;
-  mutable std::mutex mutex_;
+  mutable CacheMutex mutex_;
 
   double memory_fraction_;
   std::size_t device_total_ = 0;  // cached from the backend on first need
   std::size_t reserved_ = 0;
 
   std::map<std::uintptr_t, std::unique_ptr<Segment>> segments_;  // by address
-  std::unordered_map<std::uintptr_t, Block*> live_;                // allocated blocks by address
+  LiveMap live_;                                                   // allocated blocks by address
   // Free blocks: [pool] unsettled blocks by owner stream; settled blocks by settled_key().
   std::array<FreeIndex, kPoolKinds> unsettled_;
   std::array<FreeIndex, kPoolKinds> settled_;

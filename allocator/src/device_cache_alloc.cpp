@@ -169,7 +169,7 @@ Block* DeviceCache::hand_out(Block* block, std::size_t requested, Stream stream)
   block->fences_left = 0;
   block->since = coarse_now();
   if (sync_ != nullptr) block->alloc_tick = sync_->tick(stream);
-  live_.emplace(block->address, block);
+  live_.insert(block->address, block);
   stat_increase(&DeviceStats::allocation, pool, 1);
   stat_increase(&DeviceStats::allocated_bytes, pool, static_cast<std::int64_t>(block->size));
   stat_increase(&DeviceStats::requested_bytes, pool, static_cast<std::int64_t>(requested));

@@ -53,8 +53,8 @@ std::vector<SegmentInfo> DeviceCache::segments() const {
 
 std::size_t DeviceCache::requested_size_of(const void* ptr) const {
   Lock lock(mutex_);
-  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
-  return it == live_.end() ? 0 : it->second->requested;
+  const Block* block = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  return block == nullptr ? 0 : block->requested;
 }
 
 void DeviceCache::cache_info(std::size_t* largest_free_block, std::size_t* total_cached) const {

@@ -112,10 +112,10 @@ void DeviceCache::validate() const {
       const int pool = pool_index(segment->pool);
       const bool in_unsettled = unsettled_[pool].contains(const_cast<Block*>(b));
       const bool in_settled = settled_[pool].contains(const_cast<Block*>(b));
-      auto live = live_.find(b->address);
+      const Block* live = live_.find(b->address);
       switch (b->state) {
         case BlockState::kAllocated:
-          if (live == live_.end() || live->second != b) broken(device_, "allocated block " + hex(b->address) + " is not in the live table");
+          if (live != b) broken(device_, "allocated block " + hex(b->address) + " is not in the live table");
           if (in_unsettled || in_settled) broken(device_, "allocated block " + hex(b->address) + " is in a free index");
           ++live_blocks;
           if (oversize(b->size)) ++oversize_allocations;
@@ -126,7 +126,7 @@ void DeviceCache::validate() const {
           t.active_bytes += size;
           break;
         case BlockState::kPending: {
-          if (live != live_.end()) broken(device_, "pending block " + hex(b->address) + " is still in the live table");
+          if (live != nullptr) broken(device_, "pending block " + hex(b->address) + " is still in the live table");
           if (in_unsettled || in_settled) broken(device_, "pending block " + hex(b->address) + " is in a free index");
           auto refs = fence_refs.find(b);
           const std::uint32_t waiting = refs == fence_refs.end() ? 0 : refs->second;
@@ -141,7 +141,7 @@ void DeviceCache::validate() const {
           break;
         }
         case BlockState::kFree:
-          if (live != live_.end()) broken(device_, "free block " + hex(b->address) + " is in the live table");
+          if (live != nullptr) broken(device_, "free block " + hex(b->address) + " is in the live table");
           if (b->hot) {
             if (in_unsettled || in_settled || b->in_settle_list || b->settled) {
               broken(device_, "hot block " + hex(b->address) + " is also in a free index or settled");
