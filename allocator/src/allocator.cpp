@@ -98,7 +98,9 @@ void Allocator::deallocate(void* ptr, std::size_t size, int device, Stream strea
 }
 
 void Allocator::record_stream(void* ptr, Stream stream) {
-  const int stream_device = backend_->stream_device(stream);
+  // With one device there is nothing to route (and the cache checks a new stream's device on first
+  // sight), so the hot path skips the driver query.
+  const int stream_device = device_count() == 1 ? 0 : backend_->stream_device(stream);
   // The common case costs one lookup: the block lives on the stream's device.
   DeviceCache& home = cache(stream_device >= 0 && stream_device < device_count() ? stream_device : 0);
   if (home.record_stream(ptr, stream)) return;

@@ -295,11 +295,17 @@ void DeviceCache::make_pending(Block* block) {
   stats_.pending_bytes.increase(static_cast<std::int64_t>(block->size));
   for (Stream used : block->uses) queue(used).join_as_user(block);
   // Rule 6: while any stream captures a graph no event is queried; the batch is fenced after capture.
-  if (any_stream_capturing()) {
+  // Asking the device about every stream costs two runtime calls per stream, so it is asked only when
+  // a fence pass is due.
+  if (captures_underway_ > 0) {
     ++stats_.frees_deferred_capture;
     return;
   }
   if (block->since - last_fence_pass_ < kFenceBatchWindow) return;
+  if (any_stream_capturing()) {
+    ++stats_.frees_deferred_capture;
+    return;
+  }
   last_fence_pass_ = block->since;
   // The free has happened; a device error in this opportunistic pass must not report it as failed.
   // The batch stays open and the next allocation that misses the cache fences it.
