@@ -94,18 +94,28 @@ bool DeviceCache::mergeable(const Block* a, const Block* b) const {
   if (a == nullptr || b == nullptr) return false;
   if (a->quarantined || b->quarantined || a->hot || b->hot) return false;
   if (a->state != BlockState::kFree || b->state != BlockState::kFree) return false;
-  if (a->settled != b->settled) return false;
-  return a->settled || a->stream == b->stream;
+  if (a->settled && b->settled) return true;
+  if (!a->settled && !b->settled) return a->stream == b->stream;
+  return true;  // settled + unsettled: the merged block is unsettled, owned by the unsettled one's stream
 }
 
-// Merge `block` (already out of the indexes) with free neighbours in the same stream state; returns the
-// surviving block, which the caller inserts. The lower address survives so segment->head stays valid.
+// Merge `block` (already out of the indexes) with the free neighbours it may merge with (mergeable());
+// returns the surviving block, which the caller inserts. The lower address survives so segment->head stays valid.
 Block* DeviceCache::merge_free_neighbours(Block* block) {
   for (Block* neighbour : {block->prev, block->next}) {
     if (!mergeable(block, neighbour)) continue;
     remove_free(neighbour);
     Block* low = neighbour->address < block->address ? neighbour : block;
     Block* high = low == block ? neighbour : block;
+    if (low->settled != high->settled) {
+      // Settled memory is safe for every stream, the owner's too: the merged block keeps the owner's
+      // state (stream, fence sequence) and settles with it.
+      const Block* owner = low->settled ? high : low;
+      low->stream = owner->stream;
+      low->settle_seq = owner->settle_seq;
+      low->settled = false;
+      high->settle_seq = owner->settle_seq;
+    }
     low->size += high->size;
     low->next = high->next;
     if (low->next) low->next->prev = low;

@@ -178,7 +178,7 @@ void DeviceCache::validate() const {
           if (b->counted_inactive_split != b->is_split()) broken(device_, "inactive_split accounting of block " + hex(b->address));
           if (mergeable(b, b->next)) {
             broken(device_, "adjacent free blocks " + hex(b->address) + " and " + hex(b->next->address) +
-                                " in the same stream state were left unmerged");
+                                " that may merge were left unmerged");
           }
           break;
       }
