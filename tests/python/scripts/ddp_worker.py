@@ -1,8 +1,11 @@
 """A DDP training worker for `torchrun --nproc_per_node 2 [-m streamalloc] ddp_worker.py`.
 
 Each rank trains a small conv net on its own synthetic batches, fed by a side-stream prefetcher
-(record_stream on every batch); gradients are all-reduced by ProcessGroupNCCL. Rank 0 prints the
-final mean loss and, under streamalloc, its stream statistics."""
+(record_stream on every batch); gradients are all-reduced by ProcessGroupNCCL. Each step's loss is
+also all-reduced from a side "metrics" stream, the way training loops overlap metric reductions:
+the metrics stream waits for the compute stream, the loss copy is record_stream'ed on it, and the
+collective runs there. Every cross-stream use is ordered correctly, so check_sync:1 must stay
+silent. Rank 0 prints the final mean loss and, under streamalloc, its stream statistics."""
 
 import os
 
@@ -33,7 +36,9 @@ def main() -> None:
              torch.randint(0, 10, (32,), generator=generator).pin_memory()) for _ in range(STEPS)]
 
     copy_stream = torch.cuda.Stream(device)
+    metrics_stream = torch.cuda.Stream(device)
     compute = torch.cuda.current_stream(device)
+    mean_losses = torch.zeros(STEPS, device=device)
 
     def prefetch(step):
         with torch.cuda.stream(copy_stream):
@@ -53,9 +58,17 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         losses[step] = loss.detach()
+        loss_copy = loss.detach().clone()  # allocated on the compute stream
+        metrics_stream.wait_stream(compute)
+        with torch.cuda.stream(metrics_stream):
+            loss_copy.record_stream(metrics_stream)
+            dist.all_reduce(loss_copy)
+            mean_losses[step] = loss_copy / dist.get_world_size()
+    compute.wait_stream(metrics_stream)
     dist.all_reduce(losses)
     losses /= dist.get_world_size()
-    result = {"losses": losses.tolist(), "world_size": dist.get_world_size()}
+    result = {"losses": losses.tolist(), "world_size": dist.get_world_size(),
+              "metrics_match": bool(torch.allclose(mean_losses, losses, rtol=1e-5, atol=0.0))}
     if streamalloc_enabled():
         import streamalloc
 
