@@ -12,7 +12,7 @@ CMAKE_ARGS ?=
 CONFIGURE = $(CMAKE) -S . -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo $(if $(TORCH_PREFIX),-DCMAKE_PREFIX_PATH=$(TORCH_PREFIX)) $(CMAKE_ARGS)
 PYTEST = STREAMALLOC_LIBRARY_DIR=$(abspath $(BUILD))/lib PYTHONPATH=$(abspath torch_plugin) $(PYTHON) -m pytest -q tests/python
 
-.PHONY: help deps build test demo gpu-test gpu-sanitize traces bench test-asan test-tsan fuzz clean
+.PHONY: help deps build test demo gpu-test gpu-sanitize gpu-soak traces bench audit-overhead test-asan test-tsan fuzz clean
 
 help:
 	@echo "make demo      set up, build, run the allocation benchmark and the multi-stream pipeline report"
@@ -20,7 +20,9 @@ help:
 	@echo "make gpu-test  on a GPU machine: build everything and run every test, GPU and PyTorch included"
 	@echo "make traces    record allocation traces of real workloads (GPU machine, PyTorch)"
 	@echo "make bench     full benchmark run; writes docs/benchmarks.md and plots"
+	@echo "make audit-overhead  what audit/poison/check_sync/quarantine cost on the training loop (GPU machine)"
 	@echo "make gpu-sanitize  the GPU suite under compute-sanitizer memcheck"
+	@echo "make gpu-soak  on a GPU machine: the pipeline soak (SOAK_SECONDS=600, SOAK_STREAMS=4 stream pairs), every byte checked"
 	@echo "make test-asan / test-tsan   the CPU suite under ASan+UBSan / TSan"
 	@echo "make fuzz      open-ended libFuzzer run (clang)"
 
@@ -56,6 +58,18 @@ gpu-test:
 # them on purpose (OOM, bad handles, capture checks) and check that streamalloc turns them into errors.
 gpu-sanitize: build
 	compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 $(BUILD)/tests/streamalloc_gpu_tests
+
+# The seed's pipeline with random sizes (512 B to 64 MiB) on SOAK_STREAMS stream pairs for SOAK_SECONDS,
+# every byte every consumer reads checked, then a leak check (bench/soak_workload.hpp). Fails on any wrong
+# byte, leak or broken invariant. The summary is also written to $(BUILD)/soak.json.
+SOAK_SECONDS ?= 600
+SOAK_STREAMS ?= 4
+gpu-soak:
+	@.ci/setup-deps || echo "gpu-soak: could not install missing packages (offline?); building with what is here"
+	@$(CONFIGURE) -B $(BUILD) -DSTREAMALLOC_CUDA=ON >/dev/null
+	@$(CMAKE) --build $(BUILD) -j $(JOBS) --target streamalloc_soak
+	@nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+	$(BUILD)/bench/streamalloc_soak --backend cuda --seconds $(SOAK_SECONDS) --streams $(SOAK_STREAMS) --json $(BUILD)/soak.json
 
 # Record allocation traces of real workloads under PyTorch's native allocator (GPU machine).
 traces:

@@ -1,8 +1,9 @@
-// DemoDevice: the few device operations the demo pipeline needs beyond the allocator (streams, a fill
-// standing in for the host-to-device copy, a consumer that checks every byte), on the GPU or the
-// simulated device.
+// DemoDevice: the few device operations the demo pipeline and the soak need beyond the allocator
+// (streams, a fill standing in for the host-to-device copy, a consumer that checks every byte), on the
+// GPU or the simulated device.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 
@@ -26,8 +27,11 @@ class DemoDevice {
   // runs the prefetch stream at once and lets the compute stream lag a little).
   virtual void step(Stream fast, Stream slow) = 0;
   virtual void synchronize() = 0;
+  // Read and clear the `count` mismatch flags at `flags` (one byte per consume() given its own `out`);
+  // returns how many were set. Call after synchronize(): the flags are read from the host.
+  virtual std::size_t take_mismatches(void* flags, std::size_t count) = 0;
   // Read and clear the mismatch flag at `out`.
-  virtual bool read_mismatch(void* out) = 0;
+  bool read_mismatch(void* out) { return take_mismatches(out, 1) != 0; }
 };
 
 // The GPU when options.backend is cuda, or auto with a GPU present; else the simulated device.

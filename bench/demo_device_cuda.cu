@@ -1,7 +1,8 @@
-// The demo on a real GPU: cudaMemsetAsync stands in for the host-to-device copy, and a kernel that
-// checks every byte stands in for the forward pass.
+// The demo and the soak on a real GPU: cudaMemsetAsync stands in for the host-to-device copy, and a
+// kernel that checks every byte stands in for the forward pass.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -54,11 +55,15 @@ class CudaDemoDevice final : public DemoDevice {
   }
   void step(Stream, Stream) override {}  // the GPU runs on its own
   void synchronize() override { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
-  bool read_mismatch(void* out) override {
-    unsigned char flag = 0;
-    check(cudaMemcpy(&flag, out, 1, cudaMemcpyDeviceToHost), "cudaMemcpy");
-    check(cudaMemset(out, 0, 1), "cudaMemset");
-    return flag != 0;
+  std::size_t take_mismatches(void* flags, std::size_t count) override {
+    std::vector<unsigned char> host(count);
+    check(cudaMemcpy(host.data(), flags, count, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    check(cudaMemset(flags, 0, count), "cudaMemset");
+    // cudaMemset may return before the flags are cleared, and the streams here are non-blocking (not
+    // ordered after the legacy default stream): without this wait a check enqueued next could set its
+    // flag before the clear lands, and the mismatch would be lost.
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    return static_cast<std::size_t>(std::count_if(host.begin(), host.end(), [](unsigned char f) { return f != 0; }));
   }
 
  private:

@@ -146,6 +146,30 @@ TEST(Poison, FixedPipelineNeverSeesPoison) {
   EXPECT_EQ(r.wrong, 0);
 }
 
+// The poison fill of a released pending block is new work on its allocation stream: another stream may
+// take the block only after a fence behind the fill, even when the block's own batch had completed
+// before its other stream's fence did (found by the soak run: C's data was overwritten with 0xFF).
+TEST(Poison, FillOfAReleasedBlockCompletesBeforeAnotherStreamGetsIt) {
+  SimSetup s("poison:free");
+  SimBackend& sim = *s.sim;
+  const Stream a = sim.create_stream(), b = sim.create_stream(), c = sim.create_stream();
+  constexpr std::size_t kBytes = 1 * MiB;
+  void* x = s.a().allocate(kBytes, 0, a);
+  s.a().record_stream(x, b);
+  s.a().deallocate(x, kBytes, 0, a);  // pending on b
+  s.a().process_fences();             // fences a's and b's batches
+  sim.synchronize_stream(0, a);       // a's fence completes, b's has not
+  s.a().process_fences();
+  sim.synchronize_stream(0, b);
+  s.a().process_fences();  // the block is released: its fill is queued on a
+  void* y = s.a().allocate(kBytes, 0, c);
+  enqueue_fill(sim, c, y, kBytes, 7);
+  sim.synchronize_all();
+  EXPECT_EQ(static_cast<unsigned char*>(y)[0], 7) << "a fill queued on another stream overwrote the block";
+  s.a().deallocate(y, kBytes, 0, c);
+  s.a().validate();
+}
+
 TEST(Quarantine, DelaysReuseOfFreedMemory) {
   SimSetup s("quarantine_mb:1", SimBackend::Mode::kEager);
   void* p = s.a().allocate(256 * KiB, 0, 0);

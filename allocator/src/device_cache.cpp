@@ -341,8 +341,12 @@ void DeviceCache::release_pending(Block* block) {
   stat_decrease(&DeviceStats::active, pool, 1);
   stat_decrease(&DeviceStats::active_bytes, pool, static_cast<std::int64_t>(block->size));
   if (options_.poison == PoisonMode::kFree || options_.poison == PoisonMode::kBoth) {
-    // In the allocation stream's order, after the fences: the block is truly free now.
+    // In the allocation stream's order, after the fences: the block is truly free now. The fill is
+    // new work on that stream, so the block is safe for other streams only after a fence recorded
+    // behind it: it rejoins the owner's open batch (its old batch may have completed already, which
+    // let another stream take the block while the fill was still queued; found by the soak run).
     poison(block, block->stream);
+    block->settle_seq = queue(block->stream).join_as_owner();
   }
   const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - block->since).count();
   for (std::size_t i = 0; i < kLatencyBucketUs.size(); ++i) {
