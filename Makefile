@@ -84,7 +84,17 @@ bench: build
 	  $(BUILD)/bench/streamalloc_replay "$$t" --peers all --json "$(BUILD)/replay-$$(basename "$$t" .trace).json" || exit 1; done
 	STREAMALLOC_LIBRARY_DIR=$(abspath $(BUILD))/lib PYTHONPATH=$(abspath torch_plugin) $(PYTHON) bench/torch_empty.py \
 	  --json $(BUILD)/torch_empty.json || true
+	$(MAKE) --no-print-directory audit-overhead BUILD=$(BUILD) || true
 	$(PYTHON) bench/report.py $(BUILD)/bench.json $(BUILD)/replay-*.json $(BUILD)/torch_empty.json docs/benchmarks.md
+
+# streamalloc's diagnostic modes (audit, poison, check_sync, quarantine) against its defaults and PyTorch's
+# allocator on the seed's training loop (examples/train_with_prefetcher.py), one process per run, medians
+# of interleaved repetitions (~6.5 min on an H200). Uses the libraries of an earlier `make build` or
+# `make gpu-test`; skips without a GPU. AUDIT_OVERHEAD_ARGS adds options (e.g. --reps 3).
+AUDIT_OVERHEAD_ARGS ?=
+audit-overhead:
+	STREAMALLOC_LIBRARY_DIR=$(abspath $(BUILD))/lib PYTHONPATH=$(abspath torch_plugin) $(PYTHON) bench/audit_overhead.py \
+	  --json $(BUILD)/audit_overhead.json --markdown $(BUILD)/audit_overhead.md $(AUDIT_OVERHEAD_ARGS)
 
 # The sanitizer runs keep the model fuzzer to 50k ops per case (the full 10^6 run is in `make test`).
 SANITIZER_FUZZ_OPS ?= 50000

@@ -8,15 +8,19 @@ the next copy while the default stream still trains on it; this version adds the
     python examples/train_with_prefetcher.py
     python -m streamalloc examples/train_with_prefetcher.py
     python -m streamalloc examples/train_with_prefetcher.py --benchmark   # cudnn.benchmark = True
+    python -m streamalloc examples/train_with_prefetcher.py --steps 3000  # a fixed number of steps
 
 With the default (deterministic) settings the losses match PyTorch's allocator bit for bit; the last
-stdout line is a JSON summary.
+stdout line is a JSON summary. It includes the steady-state throughput ("steps_per_s", "samples_per_s"
+over "timed_steps"): the steps after the first --warmup-steps (CUDA init, the first kernels, cudnn
+autotuning), timed between two torch.cuda.synchronize() calls (bench/audit_overhead.py uses it).
 """
 
 import argparse
 import json
 import os
 import sys
+import time
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA initialises
 
@@ -92,7 +96,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--benchmark", action="store_true",
                         help="cudnn.benchmark = True (autotuned, not bit-reproducible) instead of deterministic")
+    parser.add_argument("--steps", type=int, default=None, metavar="N",
+                        help="run exactly N training steps, as many epochs as that takes (the last one partial); "
+                             "--epochs is then ignored")
+    parser.add_argument("--warmup-steps", type=int, default=5, metavar="W",
+                        help="steps left out of the steady-state timing (default: 5)")
     args = parser.parse_args()
+    if args.steps is not None and args.steps < 1:
+        parser.error("--steps must be at least 1")
+    if args.warmup_steps < 0:
+        parser.error("--warmup-steps must not be negative")
     if not torch.cuda.is_available():
         sys.exit("this example needs a CUDA device")
 
@@ -112,25 +125,47 @@ def main() -> None:
                         pin_memory=True, generator=torch.Generator().manual_seed(args.seed))
 
     losses = []
-    for epoch in range(args.epochs):
+    step = 0  # steps done so far, over all epochs
+    timed_from = None  # perf_counter() when step `args.warmup_steps` began
+    epoch = 0
+    while (step < args.steps) if args.steps is not None else (epoch < args.epochs):
         total = torch.zeros((), device=device)
         batches = 0
         for images, labels in Prefetcher(loader, device):
+            if step == args.warmup_steps:  # steady state from here: drain the warmup's work first
+                torch.cuda.synchronize(device)
+                timed_from = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             loss = criterion(model(images), labels)
             loss.backward()
             optimizer.step()
             total += loss.detach()
             batches += 1
+            step += 1
+            if args.steps is not None and step >= args.steps:
+                break
+        if batches == 0 and args.steps is not None:  # would loop forever
+            sys.exit("the data loader yielded no batches: raise --samples")
         losses.append((total / batches).item())  # one host sync per epoch
         print(f"epoch {epoch}: mean loss {losses[-1]:.6f}")
+        epoch += 1
+    torch.cuda.synchronize(device)
+    timed_steps = step - args.warmup_steps if timed_from is not None else 0
+    seconds = time.perf_counter() - timed_from if timed_from is not None else None
+    steps_per_s = timed_steps / seconds if timed_steps and seconds else None
+    if steps_per_s is not None:
+        print(f"steady state: {timed_steps} steps in {seconds:.3f} s, {steps_per_s:.1f} steps/s "
+              f"({steps_per_s * args.batch_size:.0f} samples/s; the first {args.warmup_steps} steps not timed)")
 
     try:
         peak = torch.cuda.max_memory_allocated(device)
     except RuntimeError:  # streamalloc's C-ABI path: PyTorch's pluggable base class serves no stats
         peak = None
     summary = {"example": "train_with_prefetcher", "allocator": allocator_name(), "losses": losses,
-               "final_loss": losses[-1], "benchmark": args.benchmark, "max_memory_allocated": peak}
+               "final_loss": losses[-1], "benchmark": args.benchmark, "max_memory_allocated": peak,
+               "steps": step, "batch_size": args.batch_size, "warmup_steps": args.warmup_steps,
+               "timed_steps": timed_steps, "timed_seconds": seconds, "steps_per_s": steps_per_s,
+               "samples_per_s": steps_per_s * args.batch_size if steps_per_s is not None else None}
     stream_stats = print_streamalloc_stats()
     if stream_stats is not None:
         summary["stream_stats"] = stream_stats
