@@ -33,7 +33,6 @@ void expect_same(const Options& a, const Options& b) {
   EXPECT_EQ(a.roundup_power2_divisions, b.roundup_power2_divisions);
   EXPECT_EQ(a.memory_fraction, b.memory_fraction);  // exact: to_conf_string must not lose digits
   EXPECT_EQ(a.log_level, b.log_level);
-  EXPECT_EQ(a.lock, b.lock);
   EXPECT_EQ(a.audit, b.audit);
   EXPECT_EQ(a.audit_file, b.audit_file);
   EXPECT_EQ(a.pending_warn_ms, b.pending_warn_ms);
@@ -104,8 +103,6 @@ const GoodCase kGoodCases[] = {
     {"log_level", "error", [](const Options& o) { return o.log_level == "error"; }},
     {"log_level", "critical", [](const Options& o) { return o.log_level == "critical"; }},
     {"log_level", "off", [](const Options& o) { return o.log_level == "off"; }},
-    {"lock", "adaptive", [](const Options& o) { return o.lock == LockMode::kAdaptive; }},
-    {"lock", "blocking", [](const Options& o) { return o.lock == LockMode::kBlocking; }},
     {"audit", "off", [](const Options& o) { return o.audit == AuditMode::kOff; }},
     {"audit", "warn", [](const Options& o) { return o.audit == AuditMode::kWarn; }},
     {"audit", "trace", [](const Options& o) { return o.audit == AuditMode::kTrace; }},
@@ -187,7 +184,6 @@ const BadCase kBadCases[] = {
     {"memory_fraction", "0.5x", "0 < F <= 1"},
     {"log_level", "verbose", "trace|debug|info|warn|error|critical|off"},
     {"log_level", "warning", "trace|debug|info|warn|error|critical|off"},
-    {"lock", "spin", "adaptive|blocking"},
     {"audit", "on", "off|warn|trace"},
     {"audit_file", "", "a non-empty file path"},
     {"pending_warn_ms", "+5", "an unsigned integer"},
@@ -223,7 +219,7 @@ TEST(OptionsTable, KeysAreTheDocumentedOnesInOrder) {
   for (const auto& [key, help] : Options::keys()) names.push_back(key);
   EXPECT_EQ(names, (std::vector<std::string>{"backend", "cross_stream_reuse", "max_split_size_mb",
                                              "roundup_power2_divisions", "memory_fraction",
-                                             "log_level", "lock", "audit", "audit_file", "pending_warn_ms",
+                                             "log_level", "audit", "audit_file", "pending_warn_ms",
                                              "poison", "quarantine_mb", "check_sync",
                                              "sim_memory_mb", "sim_devices"}));
 }

@@ -17,7 +17,6 @@ DeviceCache::DeviceCache(int device, const Options& options, Backend& backend, A
       backend_(backend),
       audit_(audit),
       sync_(sync),
-      mutex_(options.lock),
       memory_fraction_(options.memory_fraction),
       events_(backend, device) {
   stats_.max_split_size =

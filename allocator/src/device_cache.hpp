@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "block.hpp"
-#include "cache_mutex.hpp"
 #include "fence_queue.hpp"
 #include "free_index.hpp"
 #include "live_map.hpp"
@@ -69,7 +68,7 @@ class DeviceCache {
   void validate() const;
 
  private:
-  using Lock = std::unique_lock<CacheMutex>;
+  using Lock = std::unique_lock<std::mutex>;
 
   // ---- allocation path (device_cache_alloc.cpp) ----
   Block* find_free(PoolKind pool, std::size_t size, Stream stream);
@@ -150,7 +149,7 @@ class DeviceCache {
   Backend& backend_;
   Audit& audit_;
   SyncChecker* sync_;
-  mutable CacheMutex mutex_;
+  mutable std::mutex mutex_;
 
   double memory_fraction_;
   std::size_t device_total_ = 0;  // cached from the backend on first need

@@ -27,7 +27,6 @@ constexpr EnumName<BackendKind> kBackendNames[] = {
 constexpr EnumName<CrossStreamReuse> kReuseNames[] = {{CrossStreamReuse::kNever, "never"},
                                                       {CrossStreamReuse::kSettled, "settled"},
                                                       {CrossStreamReuse::kWait, "wait"}};
-constexpr EnumName<LockMode> kLockNames[] = {{LockMode::kAdaptive, "adaptive"}, {LockMode::kBlocking, "blocking"}};
 constexpr EnumName<AuditMode> kAuditNames[] = {
     {AuditMode::kOff, "off"}, {AuditMode::kWarn, "warn"}, {AuditMode::kTrace, "trace"}};
 constexpr EnumName<PoisonMode> kPoisonNames[] = {{PoisonMode::kOff, "off"},
@@ -176,12 +175,6 @@ const OptionSpec kOptionTable[] = {
        return false;
      },
      [](const Options& o) { return o.log_level; }},
-    {"lock",
-     "how a thread waits for a device's lock held by another: adaptive (spin briefly, then sleep) or "
-     "blocking (sleep at once)",
-     [] { return join_names(kLockNames); },
-     [](Options& o, std::string_view v) { return value_of(kLockNames, v, &o.lock); },
-     [](const Options& o) -> std::string { return to_string(o.lock); }},
     {"audit",
      "audit of stream usage: redundant or late record_stream, long-pending blocks, OOM holders",
      [] { return join_names(kAuditNames); },
@@ -294,7 +287,6 @@ void set_option(Options& options, std::string_view key, std::string_view value,
 
 const char* to_string(BackendKind kind) { return name_of(kBackendNames, kind); }
 const char* to_string(CrossStreamReuse policy) { return name_of(kReuseNames, policy); }
-const char* to_string(LockMode mode) { return name_of(kLockNames, mode); }
 const char* to_string(AuditMode mode) { return name_of(kAuditNames, mode); }
 const char* to_string(PoisonMode mode) { return name_of(kPoisonNames, mode); }
 

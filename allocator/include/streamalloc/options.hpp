@@ -20,12 +20,6 @@ enum class CrossStreamReuse {
   kWait,     // also, before growing past the device, blocks made safe by a GPU-side wait on a fence
 };
 
-// How a thread waits for a device's lock while another thread holds it (docs/options.md, `lock`).
-enum class LockMode {
-  kAdaptive,  // spin briefly, then sleep: cached operations hold the lock for tens of nanoseconds
-  kBlocking,  // sleep at once (std::mutex behaviour): better when threads outnumber cores
-};
-
 enum class AuditMode { kOff, kWarn, kTrace };
 enum class PoisonMode { kOff, kFree, kAlloc, kBoth };
 
@@ -40,7 +34,6 @@ struct Options {
   double memory_fraction = 1.0;
   // spdlog level name: trace, debug, info, warn, error, critical, off.
   std::string log_level = "warn";
-  LockMode lock = LockMode::kAdaptive;
   // Audit of stream usage (record_stream misuse, long-pending blocks, OOM holders).
   AuditMode audit = AuditMode::kOff;
   std::string audit_file;                   // empty = stderr
@@ -67,7 +60,6 @@ struct Options {
 
 const char* to_string(BackendKind kind);
 const char* to_string(CrossStreamReuse policy);
-const char* to_string(LockMode mode);
 const char* to_string(AuditMode mode);
 const char* to_string(PoisonMode mode);
 
