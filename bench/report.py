@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Turn benchmark results into docs/benchmarks.md and plots.
 
-    python3 bench/report.py BENCH_JSON [EXTRA_JSON ...] OUT.md
+    python3 bench/report.py [--note=TEXT] BENCH_JSON [EXTRA_JSON ...] OUT.md
 
 BENCH_JSON is streamalloc_bench's Google Benchmark JSON (--benchmark_out=FILE
 --benchmark_out_format=json). EXTRA_JSON files are recognised by their "kind": streamalloc_replay
@@ -9,6 +9,7 @@ BENCH_JSON is streamalloc_bench's Google Benchmark JSON (--benchmark_out=FILE
 targets (met / missed / not measured, with the measured ratio), one table per scenario with ratios to
 PyTorch's native allocator (or to cudaMallocAsync when native is absent; on the simulated device,
 absolute numbers only), and PNG plots in img/ next to OUT.md (when matplotlib is installed).
+--note=TEXT adds a paragraph under the machine table (conditions of the run worth knowing).
 """
 
 import json
@@ -388,7 +389,9 @@ def targets_section(context, runs, replays, torch_empty):
         why = "no trace with a native recording was replayed" + (f" ({', '.join(unrecorded)} has none)"
                                                                   if unrecorded else "")
         rows.append([label, "<= 1x", "n/a", "not measured: " + why])
-    return "## Targets\n\n" + table(["target", "goal", "measured", "status"], rows) + "\n"
+    return ("## Targets\n\n" + table(["target", "goal", "measured", "status"], rows)
+            + "\n\nWhat limits each missed target, and what was profiled and changed: "
+              "[benchmarking.md, \"Where the targets stand\"](benchmarking.md#where-the-targets-stand-h200-2026-11-30-second-run).\n")
 
 
 # ---- plots ----
@@ -500,6 +503,8 @@ def make_plots(runs, replays, img_dir):
 # ---- main ----
 
 def main(argv):
+    notes = [a[len("--note="):] for a in argv[1:] if a.startswith("--note=")]
+    argv = [a for a in argv if not a.startswith("--note=")]
     if len(argv) < 3 or argv[1] in ("-h", "--help"):
         print(__doc__)
         return 0 if len(argv) > 1 and argv[1] in ("-h", "--help") else 2
@@ -522,6 +527,7 @@ def main(argv):
         + ". Do not edit by hand: rerun `make bench` (docs/benchmarking.md says how and what is measured). "
         + ref_note + "\n",
         machine_section(context, bench_path),
+        "".join(f"**Note.** {note}\n\n" for note in notes),
         targets_section(context, runs, replays, torch_empty),
         scenario_section(runs, "same_stream", "same_stream: cached alloc+free pair",
                          "ns per alloc+free pair on one stream, after a warm-up pair.", reference),
