@@ -2,55 +2,32 @@
 // a per-block stream report. A prefetch stream fills each batch, the compute stream waits on an event and
 // reads it, the batch is record_stream'ed on the compute stream and freed at once, as a training loop does
 // when the Python reference is overwritten. Runs on the GPU when one is present, else on the simulated
-// device, and says which.
+// device, and says which. --snapshot PATH also writes a snapshot when the report is printed, for
+// streamalloc_report.
 #include <getopt.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "demo_device.hpp"
 #include "streamalloc/allocator.hpp"
+#include "streamalloc/report.hpp"
 
 using namespace streamalloc;
 
 namespace {
 
-std::string stream_name(Stream s, const std::map<Stream, std::string>& names) {
-  auto it = names.find(s);
-  if (it != names.end()) return it->second;
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(s));
-  return buf;
-}
-
-void print_block_table(const Allocator& allocator, const std::map<Stream, std::string>& names, std::size_t max_rows) {
-  std::printf("\nPer-block stream report (one row per block of every segment):\n");
-  std::printf("  %-14s %10s  %-20s %-10s %-22s %7s %9s\n", "block", "size", "state", "alloc on", "recorded on",
-              "fences", "age ms");
-  std::size_t rows = 0;
-  std::size_t hidden = 0;
-  for (const SegmentInfo& segment : allocator.segments(-1)) {
-    for (const BlockInfo& b : segment.blocks) {
-      if (rows >= max_rows) {
-        ++hidden;
-        continue;
-      }
-      std::string recorded;
-      for (Stream s : b.recorded_streams) recorded += (recorded.empty() ? "" : ",") + stream_name(s, names);
-      if (recorded.empty()) recorded = "-";
-      std::string state = to_string(b.state);
-      if (b.state == BlockInfo::State::kFree) state += b.settled ? " (settled)" : " (own stream)";
-      std::printf("  0x%012llx %10s  %-20s %-10s %-22s %7u %9.2f\n", static_cast<unsigned long long>(b.address),
-                  format_bytes(b.size).c_str(), state.c_str(), stream_name(b.allocation_stream, names).c_str(),
-                  recorded.c_str(), b.pending_fences, b.age_ms);
-      ++rows;
-    }
-  }
-  if (hidden) std::printf("  ... %zu more block(s) not shown (--rows to show more)\n", hidden);
+void write_snapshot(const Allocator& allocator, const std::string& path) {
+  std::ofstream out(path);
+  out << allocator.snapshot_json() << '\n';
+  out.close();
+  if (!out) throw std::runtime_error("cannot write the snapshot to " + path);
 }
 
 void print_stats(const DeviceStats& st, int iterations) {
@@ -88,27 +65,31 @@ int main(int argc, char** argv) {
   std::string backend = "auto";
   std::size_t rows = 24;
   std::string variant = "fixed";
+  std::string snapshot_path;
   // getopt_long rather than CLI11: the GPU machine's image has no CLI11 and no network to fetch it.
   static const option kOptions[] = {{"iterations", required_argument, nullptr, 'i'},
                                     {"conf", required_argument, nullptr, 'c'},
                                     {"backend", required_argument, nullptr, 'b'},
                                     {"rows", required_argument, nullptr, 'r'},
                                     {"variant", required_argument, nullptr, 'v'},
+                                    {"snapshot", required_argument, nullptr, 's'},
                                     {"help", no_argument, nullptr, 'h'},
                                     {nullptr, 0, nullptr, 0}};
-  for (int opt; (opt = getopt_long(argc, argv, "i:c:b:r:v:h", kOptions, nullptr)) != -1;) {
+  for (int opt; (opt = getopt_long(argc, argv, "i:c:b:r:v:s:h", kOptions, nullptr)) != -1;) {
     switch (opt) {
       case 'i': iterations = std::atoi(optarg); break;
       case 'c': conf = optarg; break;
       case 'b': backend = optarg; break;
       case 'r': rows = static_cast<std::size_t>(std::atoll(optarg)); break;
       case 'v': variant = optarg; break;
+      case 's': snapshot_path = optarg; break;
       default:
         std::fprintf(stderr,
                      "usage: %s [--iterations N] [--conf STREAMALLOC_CONF] [--backend auto|cuda|sim] [--rows N]\n"
-                     "          [--variant fixed|missing-wait|missing-record-stream]\n"
+                     "          [--variant fixed|missing-wait|missing-record-stream] [--snapshot PATH]\n"
                      "Runs the seed's multi-stream prefetch pipeline through streamalloc and prints a per-block\n"
-                     "stream report and the stream statistics.\n",
+                     "stream report and the stream statistics. --snapshot also writes a snapshot (JSON) when the\n"
+                     "report is printed; streamalloc_report PATH prints its table.\n",
                      argv[0]);
         return opt == 'h' ? 0 : 2;
     }
@@ -165,7 +146,8 @@ int main(int argc, char** argv) {
         device->step(prefetch, compute);
         if (i == iterations - 3) {
           // Mid-flight: the compute stream still has work queued, so recent batches are pending.
-          print_block_table(allocator, names, rows);
+          std::printf("\n%s", format_block_table(allocator.segments(-1), rows, names).c_str());
+          if (!snapshot_path.empty()) write_snapshot(allocator, snapshot_path);
         }
         if (i % 50 == 49) {
           device->synchronize();

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <cstdlib>
 #include <string>
 
 #include "streamalloc/streamalloc.h"
@@ -93,6 +94,40 @@ TEST_F(CApi, SnapshotHasMemoryVizShapeAndStreamFields) {
   const auto after = take_json(streamalloc_snapshot_json());
   EXPECT_EQ(after["segments"][0]["blocks"][0]["state"], "active_pending_free");
   EXPECT_EQ(after["segments"][0]["blocks"][0]["pending_fences"], 1);
+}
+
+TEST_F(CApi, BlockTableShowsPendingBlocksAndPendingBytes) {
+  void* p = streamalloc_malloc(4096, 0, stream(7));
+  streamalloc_record_stream(p, stream(9));
+  streamalloc_free(p, 4096, 0, stream(7));
+  char* text = streamalloc_block_table(-1);
+  ASSERT_NE(text, nullptr) << streamalloc_last_error();
+  const std::string table = text;
+  streamalloc_free_string(text);
+  EXPECT_EQ(table.rfind("Per-block stream report", 0), 0u) << table;
+  EXPECT_NE(table.find("active_pending_free  0x7        0x9"), std::string::npos) << table;
+  EXPECT_NE(table.find("Pending frees by allocation stream"), std::string::npos) << table;
+  char* none = streamalloc_block_table(0);
+  ASSERT_NE(none, nullptr) << streamalloc_last_error();
+  EXPECT_NE(std::string(none).find("... 2 more block(s) not shown"), std::string::npos) << none;
+  streamalloc_free_string(none);
+}
+
+// A configuration error at first use: NULL and the last error, as for the JSON reports. Needs a process
+// whose allocator was never created (ctest runs each test in its own).
+TEST(CApiFirstUse, BlockTableFailsWithTheLastError) {
+  if (streamalloc_backend_is_cuda() != -1) GTEST_SKIP() << "the allocator already exists in this process";
+  const char* saved = std::getenv("STREAMALLOC_CONF");
+  const std::string previous = saved ? saved : "";
+  setenv("STREAMALLOC_CONF", "backend:sim,no_such_key:1", 1);
+  EXPECT_EQ(streamalloc_block_table(10), nullptr);
+  EXPECT_EQ(streamalloc_last_error_code(), 3);
+  EXPECT_NE(std::string(streamalloc_last_error()).find("no_such_key"), std::string::npos);
+  if (saved) {
+    setenv("STREAMALLOC_CONF", previous.c_str(), 1);
+  } else {
+    unsetenv("STREAMALLOC_CONF");
+  }
 }
 
 TEST_F(CApi, BaseAllocFindsTheSegment) {

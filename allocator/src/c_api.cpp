@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <string>
 
@@ -12,6 +13,7 @@
 
 #include "logging.hpp"
 #include "streamalloc/allocator.hpp"
+#include "streamalloc/report.hpp"
 
 namespace {
 
@@ -112,6 +114,15 @@ char* copy_string(const std::string& s) {
   char* out = static_cast<char*>(std::malloc(s.size() + 1));
   if (out != nullptr) std::memcpy(out, s.c_str(), s.size() + 1);
   return out;
+}
+
+// The string `make()` returns, as a malloc'ed copy for streamalloc_free_string(); NULL (and the last
+// error) when it throws.
+template <typename F>
+char* guarded_string(F&& make) {
+  std::string s;
+  if (!guarded([&] { s = make(); })) return nullptr;
+  return copy_string(s);
 }
 
 }  // namespace
@@ -223,37 +234,37 @@ int streamalloc_backend_is_cuda(void) {
 }
 
 char* streamalloc_stats_json(int device) {
-  std::string json;
-  if (!guarded([&] { json = instance().stats_json(device); })) return nullptr;
-  return copy_string(json);
+  return guarded_string([&] { return instance().stats_json(device); });
 }
 
 char* streamalloc_snapshot_json(void) {
-  std::string json;
-  if (!guarded([&] { json = instance().snapshot_json(); })) return nullptr;
-  return copy_string(json);
+  return guarded_string([&] { return instance().snapshot_json(); });
+}
+
+char* streamalloc_block_table(int max_rows) {
+  return guarded_string([&] {
+    const std::size_t rows =
+        max_rows < 0 ? std::numeric_limits<std::size_t>::max() : static_cast<std::size_t>(max_rows);
+    return streamalloc::format_block_report(instance().segments(-1), rows);
+  });
 }
 
 char* streamalloc_options_json(void) {
-  std::string json;
-  if (!guarded([&] {
-        nlohmann::json out = nlohmann::json::object();
-        const std::string conf = instance().options().to_conf_string();
-        std::size_t start = 0;
-        while (start < conf.size()) {
-          std::size_t end = conf.find(',', start);
-          if (end == std::string::npos) end = conf.size();
-          const std::string item = conf.substr(start, end - start);
-          const std::size_t colon = item.find(':');
-          if (colon != std::string::npos) out[item.substr(0, colon)] = item.substr(colon + 1);
-          start = end + 1;
-        }
-        out["backend_in_use"] = instance().backend().name();
-        json = out.dump();
-      })) {
-    return nullptr;
-  }
-  return copy_string(json);
+  return guarded_string([&] {
+    nlohmann::json out = nlohmann::json::object();
+    const std::string conf = instance().options().to_conf_string();
+    std::size_t start = 0;
+    while (start < conf.size()) {
+      std::size_t end = conf.find(',', start);
+      if (end == std::string::npos) end = conf.size();
+      const std::string item = conf.substr(start, end - start);
+      const std::size_t colon = item.find(':');
+      if (colon != std::string::npos) out[item.substr(0, colon)] = item.substr(colon + 1);
+      start = end + 1;
+    }
+    out["backend_in_use"] = instance().backend().name();
+    return out.dump();
+  });
 }
 
 void streamalloc_free_string(char* s) { std::free(s); }

@@ -2,7 +2,8 @@
  *
  * The first seven functions have exactly the signatures torch.cuda.memory.CUDAPluggableAllocator
  * expects, so libstreamalloc.so plugs into PyTorch with nothing but its Python API
- * (docs/pytorch.md). The rest give configuration, statistics and snapshots as JSON.
+ * (docs/pytorch.md). The rest give configuration, statistics and snapshots as JSON, and the
+ * per-block stream table as text.
  *
  * No function aborts the process or throws: on failure streamalloc_malloc returns NULL, the others
  * do nothing, and streamalloc_last_error() tells what was wrong on this thread and what to do.
@@ -65,10 +66,15 @@ STREAMALLOC_API void streamalloc_note_event_wait(void* event, streamalloc_stream
 STREAMALLOC_API void streamalloc_note_stream_synchronize(streamalloc_stream_t stream);
 STREAMALLOC_API void streamalloc_note_device_synchronize(void);
 
-/* The JSON strings below are owned by the caller: release them with streamalloc_free_string(). */
+/* The strings below are owned by the caller: release them with streamalloc_free_string(). They are
+ * NULL on failure, with the last error set. */
 STREAMALLOC_API char* streamalloc_stats_json(int device);
 STREAMALLOC_API char* streamalloc_snapshot_json(void);
 STREAMALLOC_API char* streamalloc_options_json(void);
+/* Text for people: the per-block stream table of every device (at most `max_rows` rows, every row when
+ * negative), then the pending bytes per allocation stream; what the streamalloc_report tool prints for
+ * a saved snapshot. */
+STREAMALLOC_API char* streamalloc_block_table(int max_rows);
 STREAMALLOC_API void streamalloc_free_string(char* s);
 STREAMALLOC_API void streamalloc_reset_peak_stats(int device);
 /* Check every invariant; returns 0, or -1 with the last error naming the broken invariant. */
