@@ -235,16 +235,44 @@ void write_json(const Trace& trace, const Args& args, const std::vector<Result>&
   if (!file) throw std::runtime_error("cannot write " + args.json_out);
 }
 
+// The simulated device's memory for replaying `trace`, unless --conf sets sim_memory_mb: twice what the
+// trace needs (native's recorded peak reserved, or the trace's own peak of live bytes), and at least the
+// default 4 GiB. The GPT-2 trace needs 5.6 GiB, more than the default simulated device has.
+std::string with_sim_memory_for(const Trace& trace, const std::string& conf) {
+  if (conf.find("sim_memory_mb") != std::string::npos) return conf;
+  std::int64_t live = 0;
+  std::int64_t peak_live = 0;
+  std::vector<std::int64_t> size_of(trace.slots, 0);
+  for (const TraceOp& op : trace.ops) {
+    if (op.kind == TraceOp::Kind::kAlloc) {
+      size_of[op.slot] = static_cast<std::int64_t>(op.size);
+      live += size_of[op.slot];
+      peak_live = std::max(peak_live, live);
+    } else if (op.kind == TraceOp::Kind::kFree) {
+      live -= size_of[op.slot];
+    }
+  }
+  const std::int64_t needed = std::max(trace.header_int("native_peak_reserved"), peak_live);
+  const std::int64_t mb = std::max<std::int64_t>(4096, 2 * needed / (1 << 20) + 1);
+  return (conf.empty() ? "" : conf + ",") + "sim_memory_mb:" + std::to_string(mb);
+}
+
 }  // namespace
 }  // namespace streamalloc::bench
 
 int main(int argc, char** argv) {
   using namespace streamalloc::bench;
-  const Args args = parse_args(argc, argv);
+  Args args = parse_args(argc, argv);
   try {
     const Trace trace = read_trace(args.trace);
+    std::vector<PeerKind> kinds = available_peers(args.peers);
+    const bool on_sim = std::any_of(kinds.begin(), kinds.end(), [](const PeerKind& k) { return k.device == "sim"; });
+    if (on_sim) {
+      args.peers.streamalloc_conf = with_sim_memory_for(trace, args.peers.streamalloc_conf);
+      kinds = available_peers(args.peers);
+    }
     std::vector<Result> results;
-    for (const PeerKind& kind : available_peers(args.peers)) results.push_back(run_peer(trace, kind, args.repeats));
+    for (const PeerKind& kind : kinds) results.push_back(run_peer(trace, kind, args.repeats));
     print_table(trace, args, results);
     if (!args.json_out.empty()) write_json(trace, args, results);
     for (const Result& r : results) {
