@@ -240,19 +240,8 @@ void write_json(const Trace& trace, const Args& args, const std::vector<Result>&
 // default 4 GiB. The GPT-2 trace needs 5.6 GiB, more than the default simulated device has.
 std::string with_sim_memory_for(const Trace& trace, const std::string& conf) {
   if (conf.find("sim_memory_mb") != std::string::npos) return conf;
-  std::int64_t live = 0;
-  std::int64_t peak_live = 0;
-  std::vector<std::int64_t> size_of(trace.slots, 0);
-  for (const TraceOp& op : trace.ops) {
-    if (op.kind == TraceOp::Kind::kAlloc) {
-      size_of[op.slot] = static_cast<std::int64_t>(op.size);
-      live += size_of[op.slot];
-      peak_live = std::max(peak_live, live);
-    } else if (op.kind == TraceOp::Kind::kFree) {
-      live -= size_of[op.slot];
-    }
-  }
-  const std::int64_t needed = std::max(trace.header_int("native_peak_reserved"), peak_live);
+  const std::int64_t needed =
+      std::max(trace.header_int("native_peak_reserved"), static_cast<std::int64_t>(trace.peak_live_bytes));
   const std::int64_t mb = std::max<std::int64_t>(4096, 2 * needed / (1 << 20) + 1);
   return (conf.empty() ? "" : conf + ",") + "sim_memory_mb:" + std::to_string(mb);
 }

@@ -2,6 +2,7 @@
 // checks that the trace is a valid sequence of operations before anything is timed.
 #include "trace.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <fstream>
 #include <stdexcept>
@@ -68,6 +69,7 @@ Trace read_trace(const std::string& path) {
   std::unordered_map<std::uint64_t, std::uint32_t> live;    // trace id -> slot
   std::unordered_map<std::int64_t, std::uint32_t> streams;  // trace stream -> dense index
   std::vector<std::uint32_t> idle_slots;
+  std::size_t live_bytes = 0;
   std::vector<std::size_t> slot_size;
   std::vector<std::uint32_t> slot_stream;
 
@@ -120,6 +122,8 @@ Trace read_trace(const std::string& path) {
       slot_size[entry.slot] = entry.size;
       slot_stream[entry.slot] = entry.stream;
       live.emplace(id, entry.slot);
+      live_bytes += entry.size;
+      trace.peak_live_bytes = std::max(trace.peak_live_bytes, live_bytes);
       ++trace.allocs;
     } else {
       auto it = live.find(id);
@@ -135,6 +139,7 @@ Trace read_trace(const std::string& path) {
         entry.stream = slot_stream[entry.slot];
         idle_slots.push_back(entry.slot);
         live.erase(it);
+        live_bytes -= entry.size;
         ++trace.frees;
       }
     }
