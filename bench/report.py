@@ -444,42 +444,37 @@ def make_plots(runs, replays, img_dir):
               lambda r: (r.row.get("items_per_second") or 0) / 1e6, "bench_threads.png",
               "aggregate throughput", logy=False)
 
+    def bar_plot(categories, series, ylabel, name, title):
+        """One group of bars per category, one bar per series (label -> a value per category)."""
+        fig, ax = plt.subplots(figsize=(9, 4))
+        width = 0.8 / max(1, len(series))
+        for i, (label, ys) in enumerate(series.items()):
+            ax.bar([j + i * width for j in range(len(categories))], ys, width, label=label)
+        ax.set_xticks([j + width * (len(series) - 1) / 2 for j in range(len(categories))])
+        ax.set_xticklabels(categories, fontsize=8)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+        save(fig, name, title)
+
     for scenario, title, key in (("cross_stream", "alloc + record_stream + free", "bytes"),
                                  ("mixed_sizes", "random alloc/free, many live blocks", "max_live")):
         groups = by_args(runs, scenario)
-        if not groups:
-            continue
-        peers = ordered_peers([r for g in groups.values() for r in g.values()])
-        fig, ax = plt.subplots(figsize=(9, 4))
-        width = 0.8 / max(1, len(peers))
-        for i, peer in enumerate(peers):
-            xs = [j + i * width for j in range(len(groups))]
-            ys = [g[peer].ns_per_item if peer in g else 0 for g in groups.values()]
-            ax.bar(xs, ys, width, label=peer)
-        ax.set_xticks([j + width * (len(peers) - 1) / 2 for j in range(len(groups))])
-        ax.set_xticklabels([f"{key} {fmt_arg(key, dict(a)[key])}" for a in groups])
-        ax.set_ylabel("ns per op")
-        ax.set_title(title)
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-        save(fig, f"bench_{scenario}.png", title)
+        if groups:
+            peers = ordered_peers([r for g in groups.values() for r in g.values()])
+            bar_plot([f"{key} {fmt_arg(key, dict(a)[key])}" for a in groups],
+                     {peer: [g[peer].ns_per_item if peer in g else 0 for g in groups.values()] for peer in peers},
+                     "ns per op", f"bench_{scenario}.png", title)
 
     groups = by_args(runs, "many_streams")
     if groups:
         peers = ordered_peers([r for g in groups.values() for r in g.values()])
-        fig, ax = plt.subplots(figsize=(9, 4))
-        width = 0.8 / max(1, len(groups))
-        for i, (args, g) in enumerate(groups.items()):
-            ys = [(g[p].counter("peak_reserved") or 0) / 2**20 if p in g else 0 for p in peers]
-            ax.bar([j + i * width for j in range(len(peers))], ys, width, label=f"{dict(args)['streams']} stream(s)")
-        ax.set_xticks([j + width * (len(groups) - 1) / 2 for j in range(len(peers))])
-        ax.set_xticklabels(peers, fontsize=8)
-        ax.set_ylabel("peak reserved (MiB)")
-        ax.set_title("streams taking turns: peak reserved")
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-        save(fig, "bench_many_streams.png", "streams taking turns: peak reserved")
+        bar_plot(peers,
+                 {f"{dict(a)['streams']} stream(s)": [(g[p].counter("peak_reserved") or 0) / 2**20 if p in g else 0
+                                                      for p in peers] for a, g in groups.items()},
+                 "peak reserved (MiB)", "bench_many_streams.png", "streams taking turns: peak reserved")
 
     if replays:
-        fig, ax = plt.subplots(figsize=(9, 4))
         names = [r.get("header", {}).get("workload", os.path.basename(r["trace"])) for r in replays]
         series = defaultdict(list)
         for rep in replays:
@@ -488,15 +483,8 @@ def make_plots(runs, replays, img_dir):
             peaks = {f"{r['peer']}@{r['device']}": r.get("peak_reserved", 0) / 2**20 for r in rep["results"]}
             for key in {f"{r['peer']}@{r['device']}" for rp in replays for r in rp["results"]}:
                 series[key].append(peaks.get(key, 0))
-        width = 0.8 / max(1, len(series))
-        for i, (label, ys) in enumerate(sorted(series.items())):
-            ax.bar([j + i * width for j in range(len(names))], ys, width, label=label)
-        ax.set_xticks([j + width * (len(series) - 1) / 2 for j in range(len(names))])
-        ax.set_xticklabels(names, fontsize=8)
-        ax.set_ylabel("peak reserved (MiB)")
-        ax.set_title("trace replay: peak reserved")
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-        save(fig, "bench_replay.png", "trace replay: peak reserved")
+        bar_plot(names, dict(sorted(series.items())), "peak reserved (MiB)", "bench_replay.png",
+                 "trace replay: peak reserved")
     return written, None
 
 
