@@ -208,6 +208,7 @@ class OpRunner {
     options.backend = BackendKind::kSim;
     options.cross_stream_reuse = config.policy;
     options.log_level = "error";  // OOM warnings would flood the output of a 10^6-op run
+    options.pending_history = 256;  // a small ring that wraps, so validate() checks it against every change
     allocator_ = std::make_unique<Allocator>(options, sim_);
   }
 

@@ -24,6 +24,7 @@ struct PipelineResult {
   int wrong = 0;         // consumer reads that saw bytes other than the batch's value
   int poisoned = 0;      // of those, reads that saw the 0xFF poison
   DeviceStats stats;
+  PendingHistory pending_history;  // empty unless the conf sets pending_history
 };
 
 // Runs the pipeline; with check_sync on, the test's own event records and waits are reported to the
@@ -87,6 +88,7 @@ inline PipelineResult run_pipeline(const std::string& conf, const PipelineOption
   s.a().validate();
   for (Event e : events) sim.destroy_event(0, e);
   result->stats = s.stats();
+  result->pending_history = s.a().pending_history(0);
   return *result;
 }
 

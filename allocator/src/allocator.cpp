@@ -171,6 +171,10 @@ std::vector<BlockInfo> Allocator::blocks(int device) const {
 
 std::string Allocator::stats_json(int device) const { return stats(device).to_json(); }
 
+PendingHistory Allocator::pending_history(int device) const { return cache(device).pending_history(); }
+
+std::string Allocator::pending_history_json(int device) const { return pending_history(device).to_json(device); }
+
 void Allocator::validate() const {
   for (const auto& c : caches_) c->validate();
 }

@@ -241,6 +241,10 @@ char* streamalloc_snapshot_json(void) {
   return guarded_string([&] { return instance().snapshot_json(); });
 }
 
+char* streamalloc_pending_history_json(int device) {
+  return guarded_string([&] { return instance().pending_history_json(device); });
+}
+
 char* streamalloc_block_table(int max_rows) {
   return guarded_string([&] {
     const std::size_t rows =

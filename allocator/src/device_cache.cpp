@@ -18,7 +18,8 @@ DeviceCache::DeviceCache(int device, const Options& options, Backend& backend, A
       audit_(audit),
       sync_(sync),
       memory_fraction_(options.memory_fraction),
-      events_(backend, device) {
+      events_(backend, device),
+      pending_history_(options.pending_history) {
   stats_.max_split_size =
       options.max_split_size_bytes == 0 ? -1 : static_cast<std::int64_t>(options.max_split_size_bytes);
 }
@@ -302,7 +303,11 @@ void DeviceCache::make_pending(Block* block) {
   block->fences_left = static_cast<std::uint32_t>(block->uses.size());
   stats_.pending_blocks.increase(1);
   stats_.pending_bytes.increase(static_cast<std::int64_t>(block->size));
-  for (Stream used : block->uses) queue(used).join_as_user(block);
+  for (Stream used : block->uses) {
+    FenceQueue& q = queue(used);
+    q.join_as_user(block);
+    if (pending_history_.enabled()) pending_history_.record(block->since, used, q.pending_stats());
+  }
   // Rule 6: while any stream captures a graph no event is queried; the batch is fenced after capture.
   // Asking the device about every stream costs two runtime calls per stream, so it is asked only when
   // a fence pass is due.
@@ -384,6 +389,9 @@ void DeviceCache::finish_fence(FenceQueue& queue, Fence& fence) {
   for (Block* block : fence.pending) {
     queue.note_pending_released(block);
     if (--block->fences_left == 0) release_pending(block);
+  }
+  if (pending_history_.enabled() && !fence.pending.empty()) {
+    pending_history_.record(Clock::now(), queue.stream(), queue.pending_stats());
   }
   events_.release(fence.event);
   // Settle this stream's unsettled free blocks up to the completed sequence number.

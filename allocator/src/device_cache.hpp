@@ -16,6 +16,7 @@
 #include "fence_queue.hpp"
 #include "free_index.hpp"
 #include "live_map.hpp"
+#include "pending_recorder.hpp"
 #include "streamalloc/allocator.hpp"
 #include "streamalloc/backend.hpp"
 #include "streamalloc/options.hpp"
@@ -65,6 +66,7 @@ class DeviceCache {
   std::size_t requested_size_of(const void* ptr) const;
   void cache_info(std::size_t* largest_free_block, std::size_t* total_cached) const;
   void* segment_base(const void* ptr, std::size_t* size) const;
+  PendingHistory pending_history() const;
   void validate() const;
 
  private:
@@ -166,6 +168,7 @@ class DeviceCache {
   DeviceStats stats_;
   bool accumulated_reset_ = false;
   std::deque<Block*> quarantine_;  // FIFO of freed blocks held back from reuse (quarantine_mb)
+  PendingRecorder pending_history_;  // pending_history:N (off by default)
   std::size_t quarantine_bytes_ = 0;
   int captures_underway_ = 0;  // reported by capture_begin/capture_end
   // Frees with uses poll and record fences at most once per window (docs/design.md, "Fences").

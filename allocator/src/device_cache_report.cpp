@@ -84,6 +84,11 @@ void* DeviceCache::segment_base(const void* ptr, std::size_t* size) const {
   return reinterpret_cast<void*>(it->first);
 }
 
+PendingHistory DeviceCache::pending_history() const {
+  Lock lock(mutex_);
+  return pending_history_.history();
+}
+
 // Called with the lock held, for a pointer that is not a live block: say which mistake it is.
 void DeviceCache::throw_bad_free(const void* ptr, const char* what) const {
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);

@@ -88,6 +88,28 @@ void DeviceCache::validate() const {
     check_stat(device_, "per-stream pending_bytes", ps.pending_bytes, expected.second, !accumulated_reset_);
   }
 
+  // The pending history: recorded where a stream's pending stats change, so each stream's newest sample
+  // still in the ring is its pending stats now.
+  if (pending_history_.enabled()) {
+    const PendingHistory history = pending_history_.history();
+    std::map<Stream, const PendingSample*> newest;
+    for (const PendingSample& s : history.samples) newest[s.stream] = &s;
+    for (const auto& [stream, sample] : newest) {
+      auto it = queues_.find(stream);
+      const StreamPending* now = it == queues_.end() ? nullptr : &it->second->pending_stats();
+      if (now == nullptr || sample->pending_bytes != now->pending_bytes.current ||
+          sample->pending_blocks != now->pending_blocks.current) {
+        broken(device_, "pending history of stream " + hex(stream) + " ends at " + std::to_string(sample->pending_bytes) +
+                            " bytes, but the stream has " +
+                            (now == nullptr ? std::string("no fence queue") : std::to_string(now->pending_bytes.current) + " pending"));
+      }
+    }
+    if (history.samples.size() > history.capacity || history.recorded < history.samples.size()) {
+      broken(device_, "pending history holds " + std::to_string(history.samples.size()) + " samples of capacity " +
+                          std::to_string(history.capacity));
+    }
+  }
+
   std::uintptr_t previous_end = 0;
   for (const auto& [address, segment] : segments_) {
     if (address < previous_end) broken(device_, "segments overlap at " + hex(address));

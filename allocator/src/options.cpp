@@ -121,6 +121,8 @@ constexpr std::size_t kMaxSimDevices = 16;
 // 20 MiB block would count as oversize and could never serve those requests again.
 constexpr std::uint64_t kMinMaxSplitMb = 21;
 constexpr std::uint64_t kMaxRoundupDivisions = 64;
+// 2^24 samples of 32 bytes: 512 MiB per device, far more than a timeline can show.
+constexpr std::uint64_t kMaxPendingHistory = std::uint64_t{1} << 24;
 
 const OptionSpec kOptionTable[] = {
     {"backend", "device backend: auto = cuda when a device is present, else the simulated device",
@@ -220,6 +222,16 @@ const OptionSpec kOptionTable[] = {
        return true;
      },
      [](const Options& o) -> std::string { return o.check_sync ? "1" : "0"; }},
+    {"pending_history",
+     "keep the last N changes of each stream's pending bytes per device, for a timeline (0 = off)",
+     [] { return "an unsigned integer <= " + std::to_string(kMaxPendingHistory) + " (samples; 0 = off)"; },
+     [](Options& o, std::string_view v) {
+       std::uint64_t samples = 0;
+       if (!parse_unsigned(v, &samples) || samples > kMaxPendingHistory) return false;
+       o.pending_history = static_cast<std::size_t>(samples);
+       return true;
+     },
+     [](const Options& o) { return std::to_string(o.pending_history); }},
     {"sim_memory_mb", "simulated device only: memory per device in MB",
      [] { return std::string("an integer >= 1 (MB)"); },
      [](Options& o, std::string_view v) {

@@ -94,6 +94,9 @@ class Allocator {
   // torch.cuda.memory._snapshot()-shaped JSON plus streamalloc's per-block stream fields.
   std::string snapshot_json() const;
   std::string stats_json(int device) const;
+  // The last changes of pending bytes per stream (option pending_history:N; empty when 0).
+  PendingHistory pending_history(int device) const;
+  std::string pending_history_json(int device) const;
   // Check every invariant of docs/design.md ("Invariants"); throws std::logic_error naming the first
   // one broken. Expensive: for tests and debugging.
   void validate() const;

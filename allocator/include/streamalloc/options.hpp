@@ -41,6 +41,7 @@ struct Options {
   PoisonMode poison = PoisonMode::kOff;     // fill with 0xFF once truly free / when handed out
   std::size_t quarantine_bytes = 0;         // delay reuse of this many freed bytes (FIFO)
   bool check_sync = false;                  // happens-before check of record_stream vs waits
+  std::size_t pending_history = 0;          // keep the last N changes of pending bytes per stream
   // Simulated device only.
   std::size_t sim_memory_bytes = 4ull << 30;
   int sim_devices = 1;

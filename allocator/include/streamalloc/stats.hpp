@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "streamalloc/types.hpp"
 
@@ -105,6 +106,27 @@ struct DeviceStats {
   std::string to_json() const;
   // PyTorch's flat keys and values only (what torch.cuda.memory_stats() returns), for the plugin.
   std::map<std::string, std::int64_t> flat() const;
+};
+
+// One change of one stream's pending bytes (StreamPending above): a free that made blocks wait for the
+// stream's next fence, or a fence of the stream that completed and let its blocks go.
+struct PendingSample {
+  std::int64_t time_us = 0;  // steady clock, microseconds: one clock for every device of the process
+  Stream stream = 0;         // the stream whose fences the bytes wait for
+  std::int64_t pending_bytes = 0;   // after the change
+  std::int64_t pending_blocks = 0;  // after the change
+};
+
+// The last `capacity` samples of one device (option pending_history:N), for a timeline of pending bytes
+// per stream (python -m streamalloc.report --timeline). Empty when the option is 0, the default.
+struct PendingHistory {
+  std::size_t capacity = 0;
+  std::uint64_t recorded = 0;         // ever recorded; recorded - samples.size() were overwritten
+  std::vector<PendingSample> samples;  // oldest first
+
+  // {"device", "capacity", "recorded", "time_us": [...], "stream": [...], "pending_bytes": [...],
+  // "pending_blocks": [...]}: one list per field, so that long histories stay compact.
+  std::string to_json(int device) const;
 };
 
 }  // namespace streamalloc

@@ -70,6 +70,10 @@ STREAMALLOC_API void streamalloc_note_device_synchronize(void);
  * NULL on failure, with the last error set. */
 STREAMALLOC_API char* streamalloc_stats_json(int device);
 STREAMALLOC_API char* streamalloc_snapshot_json(void);
+/* The last changes of pending bytes per stream of `device` (option pending_history:N), as
+ * {"device", "capacity", "recorded", "time_us": [...], "stream": [...], "pending_bytes": [...],
+ * "pending_blocks": [...]}; the lists are empty when the option is 0 (the default). */
+STREAMALLOC_API char* streamalloc_pending_history_json(int device);
 STREAMALLOC_API char* streamalloc_options_json(void);
 /* Text for people: the per-block stream table of every device (at most `max_rows` rows, every row when
  * negative), then the pending bytes per allocation stream; what the streamalloc_report tool prints for
