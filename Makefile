@@ -38,11 +38,13 @@ test: build
 	$(PYTEST) || [ $$? -eq 5 ]
 
 # The main job: the allocation benchmark (short run, every peer on this machine), then the seed's
-# multi-stream pipeline with the per-block stream report. Each says whether it ran on the GPU or the
-# simulated device.
+# multi-stream pipeline with the per-block stream report and a timeline of its pending bytes per stream
+# ($(BUILD)/demo_timeline.png). Each says whether it ran on the GPU or the simulated device.
 demo: build
 	@$(BUILD)/bench/streamalloc_bench --short
-	@$(BUILD)/bench/streamalloc_demo
+	@$(BUILD)/bench/streamalloc_demo --timeline $(BUILD)/demo_pending_history.json
+	@PYTHONPATH=$(abspath torch_plugin) $(PYTHON) -m streamalloc.report $(BUILD)/demo_pending_history.json \
+	  --timeline $(BUILD)/demo_timeline.png
 
 gpu-test:
 	@.ci/setup-deps --torch || echo "gpu-test: could not install missing packages (offline?); building with what is here"

@@ -3,7 +3,8 @@
 // reads it, the batch is record_stream'ed on the compute stream and freed at once, as a training loop does
 // when the Python reference is overwritten. Runs on the GPU when one is present, else on the simulated
 // device, and says which. --snapshot PATH also writes a snapshot when the report is printed, for
-// streamalloc_report.
+// streamalloc_report; --timeline PATH records the pending bytes per stream (pending_history) and writes
+// them at the end, for `python -m streamalloc.report PATH --timeline OUT.png`.
 #include <getopt.h>
 
 #include <cstdio>
@@ -23,12 +24,15 @@ using namespace streamalloc;
 
 namespace {
 
-void write_snapshot(const Allocator& allocator, const std::string& path) {
+void write_json(const std::string& json, const std::string& path, const char* what) {
   std::ofstream out(path);
-  out << allocator.snapshot_json() << '\n';
+  out << json << '\n';
   out.close();
-  if (!out) throw std::runtime_error("cannot write the snapshot to " + path);
+  if (!out) throw std::runtime_error(std::string("cannot write the ") + what + " to " + path);
 }
+
+// Enough for every change of the default 300 iterations (about three per iteration) many times over.
+constexpr const char* kDemoPendingHistory = "1000000";
 
 void print_stats(const DeviceStats& st, int iterations) {
   std::printf("\nStream statistics after %d iterations:\n", iterations);
@@ -66,6 +70,7 @@ int main(int argc, char** argv) {
   std::size_t rows = 24;
   std::string variant = "fixed";
   std::string snapshot_path;
+  std::string timeline_path;
   // getopt_long rather than CLI11: the GPU machine's image has no CLI11 and no network to fetch it.
   static const option kOptions[] = {{"iterations", required_argument, nullptr, 'i'},
                                     {"conf", required_argument, nullptr, 'c'},
@@ -73,9 +78,10 @@ int main(int argc, char** argv) {
                                     {"rows", required_argument, nullptr, 'r'},
                                     {"variant", required_argument, nullptr, 'v'},
                                     {"snapshot", required_argument, nullptr, 's'},
+                                    {"timeline", required_argument, nullptr, 't'},
                                     {"help", no_argument, nullptr, 'h'},
                                     {nullptr, 0, nullptr, 0}};
-  for (int opt; (opt = getopt_long(argc, argv, "i:c:b:r:v:s:h", kOptions, nullptr)) != -1;) {
+  for (int opt; (opt = getopt_long(argc, argv, "i:c:b:r:v:s:t:h", kOptions, nullptr)) != -1;) {
     switch (opt) {
       case 'i': iterations = std::atoi(optarg); break;
       case 'c': conf = optarg; break;
@@ -83,13 +89,17 @@ int main(int argc, char** argv) {
       case 'r': rows = static_cast<std::size_t>(std::atoll(optarg)); break;
       case 'v': variant = optarg; break;
       case 's': snapshot_path = optarg; break;
+      case 't': timeline_path = optarg; break;
       default:
         std::fprintf(stderr,
                      "usage: %s [--iterations N] [--conf STREAMALLOC_CONF] [--backend auto|cuda|sim] [--rows N]\n"
                      "          [--variant fixed|missing-wait|missing-record-stream] [--snapshot PATH]\n"
+                     "          [--timeline PATH]\n"
                      "Runs the seed's multi-stream prefetch pipeline through streamalloc and prints a per-block\n"
                      "stream report and the stream statistics. --snapshot also writes a snapshot (JSON) when the\n"
-                     "report is printed; streamalloc_report PATH prints its table.\n",
+                     "report is printed; streamalloc_report PATH prints its table. --timeline records the pending\n"
+                     "bytes per stream (pending_history) and writes them (JSON) at the end; python -m\n"
+                     "streamalloc.report PATH --timeline OUT.png draws them.\n",
                      argv[0]);
         return opt == 'h' ? 0 : 2;
     }
@@ -108,6 +118,7 @@ int main(int argc, char** argv) {
   try {
     Options options = Options::parse(conf);
     if (backend != "auto") options.set("backend", backend);
+    if (!timeline_path.empty() && options.pending_history == 0) options.set("pending_history", kDemoPendingHistory);
     std::unique_ptr<DemoDevice> device = make_demo_device(options);
     // The allocator lives in this inner scope so that it is gone before the streams are destroyed.
     int status = 0;
@@ -147,17 +158,22 @@ int main(int argc, char** argv) {
         if (i == iterations - 3) {
           // Mid-flight: the compute stream still has work queued, so recent batches are pending.
           std::printf("\n%s", format_block_table(allocator.segments(-1), rows, names).c_str());
-          if (!snapshot_path.empty()) write_snapshot(allocator, snapshot_path);
+          if (!snapshot_path.empty()) write_json(allocator.snapshot_json(), snapshot_path, "snapshot");
         }
         if (i % 50 == 49) {
           device->synchronize();
           checked += 1;
           wrong += device->read_mismatch(out) ? 1 : 0;
         }
-    }
+      }
     device->synchronize();
     allocator.process_fences();
     print_stats(allocator.stats(0), iterations);
+    if (!timeline_path.empty()) {
+      write_json(allocator.pending_history_json(0), timeline_path, "pending history");
+      std::printf("\npending bytes per stream over time: %s (%zu changes)\n", timeline_path.c_str(),
+                  allocator.pending_history(0).samples.size());
+    }
     std::printf("\nconsumer checks: %zu, checks that saw wrong bytes: %zu (%s)\n", checked, wrong,
                 wrong == 0 ? "no corruption observed" : "CORRUPTION: the consumer read bytes it did not expect");
     allocator.deallocate(out, 4096, 0, compute);

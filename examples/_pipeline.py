@@ -32,6 +32,9 @@ def parse_args(description: str, delay_cycles: int = DELAY_CYCLES) -> argparse.N
                         help="GPU spin (torch.cuda._sleep) that stands in for a slow copy or a long kernel, so "
                              "that a missing synchronisation shows up on every run; 0 = none")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dump", metavar="FILE", default=None,
+                        help="under streamalloc: write streamalloc.dump(FILE) at the end, for python -m "
+                             "streamalloc.report FILE (with pending_history:N in the conf, add --timeline OUT.png)")
     return parser.parse_args()
 
 
@@ -94,6 +97,11 @@ class Pipeline:
         stream_stats = print_streamalloc_stats()
         if stream_stats is not None:
             summary["stream_stats"] = stream_stats
+            if self.args.dump:
+                import streamalloc
+
+                streamalloc.dump(self.args.dump)
+                summary["dump"] = self.args.dump
         print(json.dumps(summary))
         return summary
 

@@ -5,6 +5,7 @@ interpreter: a probe script under tests/python/scripts/ or an example under exam
 `python -m streamalloc` or, for the comparison runs, with plain `python` (PyTorch's own allocator).
 """
 
+import json
 import math
 
 import pytest
@@ -108,6 +109,29 @@ def test_check_sync_flags_exactly_the_missing_wait(name, missing_wait):
     ours = run(EXAMPLES / f"{name}.py", "--steps", 200, conf="check_sync:1")
     warnings = ours["stream_stats"]["missing_wait_warnings"]
     assert (warnings > 0) == missing_wait, f"{name}: {warnings} missing-wait warnings"
+
+
+def test_pending_history_draws_the_consumer_streams_timeline(tmp_path):
+    """pending_history under PyTorch: the fixed pipeline's dump holds the consumer stream's pending
+    bytes over time, which replay its per-stream stats, and the report draws them."""
+    dump = tmp_path / "dump.json"
+    ours = run(EXAMPLES / "seed_fixed_pipeline.py", "--steps", 500, "--dump", dump, conf="pending_history:100000")
+    assert ours["mismatched_steps"] == 0
+    data = json.loads(dump.read_text())
+    history = data["pending_history"]["0"]
+    assert history["capacity"] == 100000 and history["recorded"] == len(history["time_us"]) > 0
+    per_stream = {s["stream"]: s["pending_bytes"] for s in data["stats"]["0"]["stream_stats"]["per_stream"]}
+    streams = set(history["stream"])
+    assert len(streams) == 1, "only the compute stream has blocks recorded on it"
+    (compute,) = streams
+    assert max(history["pending_bytes"]) == per_stream[compute]["peak"]
+    assert history["pending_bytes"][-1] == per_stream[compute]["current"]
+    assert history["time_us"] == sorted(history["time_us"])
+    out = tmp_path / "timeline.png"
+    result = run_python(["-m", "streamalloc.report", str(dump), "--timeline", str(out)])
+    assert result.returncode == 0, result.stderr
+    assert f"stream {hex(compute)}: peak" in result.stdout
+    assert out.read_bytes().startswith(b"\x89PNG")
 
 
 # ---- training ----

@@ -1,5 +1,7 @@
 """The C ABI binding and the stats/snapshot/report plumbing, on the simulated device (CPU only)."""
 
+import json
+
 import pytest
 
 from streamalloc import _inspect, report
@@ -71,3 +73,47 @@ def test_snapshot_is_readable_by_torch_memory_viz(sim):
     _memory_viz.trace(snapshot)  # no allocation history: one empty trace per device
     for html in (_memory_viz.trace_plot(snapshot), _memory_viz.segment_plot(snapshot)):
         assert "<html" in html.lower()
+
+
+def test_pending_history_follows_the_side_streams_pending_bytes(sim):
+    history = sim["history"]
+    assert history["capacity"] == 1000
+    assert history["stream"] == [0x22]  # the free made the small block wait for SIDE_STREAM's fence
+    assert history["pending_blocks"] == [1]
+    small_size = sim["stats"]["stream_stats"]["pending_bytes"]["current"]
+    assert history["pending_bytes"] == [small_size]
+    after = sim["history_after_empty_cache"]
+    assert after["stream"] == [0x22, 0x22] and after["pending_bytes"] == [small_size, 0]
+    assert after["time_us"][0] <= after["time_us"][1]
+    assert after["recorded"] == 2
+
+
+def test_report_reads_the_pending_history(sim):
+    dump = {"stats": {"0": sim["stats"]}, "snapshot": sim["snapshot"],
+            "pending_history": {"0": sim["history_after_empty_cache"]}}
+    text = report.format_report(dump)
+    assert "pending history, device 0: 2 changes" in text
+    assert "stream 0x22: peak 1.00 KiB pending" in text
+    assert report.format_report(sim["history_after_empty_cache"]).startswith("pending history, device 0")
+
+
+@pytest.mark.parametrize("suffix", [".png", ".svg", ".html"])
+def test_timeline_is_drawn_from_a_dump(sim, tmp_path, suffix):
+    pytest.importorskip("matplotlib", reason="--timeline draws with matplotlib")
+    dump = tmp_path / "dump.json"
+    dump.write_text(json.dumps({"snapshot": sim["snapshot"], "pending_history": {"0": sim["history_after_empty_cache"]}}))
+    out = tmp_path / f"timeline{suffix}"
+    assert report.main([str(dump), "--timeline", str(out)]) == 0
+    data = out.read_bytes()
+    assert len(data) > 1000
+    if suffix == ".png":
+        assert data.startswith(b"\x89PNG")
+    elif suffix == ".html":
+        assert b"<svg" in data and b"stream 0x22: peak" in data
+
+
+def test_timeline_without_a_history_says_how_to_record_one(sim, tmp_path, capsys):
+    dump = tmp_path / "dump.json"
+    dump.write_text(json.dumps({"snapshot": sim["snapshot"]}))
+    assert report.main([str(dump), "--timeline", str(tmp_path / "t.png")]) == 2
+    assert "pending_history:N" in capsys.readouterr().err

@@ -82,6 +82,12 @@ PyObject* snapshot_json(PyObject*, PyObject*) {
   return guarded([&] { return to_str(running().snapshot_json()); });
 }
 
+PyObject* pending_history_json(PyObject*, PyObject* args) {
+  int device = 0;
+  if (!PyArg_ParseTuple(args, "i", &device)) return nullptr;
+  return guarded([&] { return to_str(running().pending_history_json(device)); });
+}
+
 PyObject* reset_peak_stats(PyObject*, PyObject* args) {
   int device = 0;
   if (!PyArg_ParseTuple(args, "i", &device)) return nullptr;
@@ -139,6 +145,8 @@ PyMethodDef kMethods[] = {
     {"is_initialized", is_initialized, METH_NOARGS, "True once PyTorch's CUDA init created the allocator"},
     {"stats_json", stats_json, METH_VARARGS, "stats_json(device) -> DeviceStats as JSON"},
     {"snapshot_json", snapshot_json, METH_NOARGS, "snapshot_json() -> every device's segments as JSON"},
+    {"pending_history_json", pending_history_json, METH_VARARGS,
+     "pending_history_json(device) -> the last changes of pending bytes per stream as JSON (pending_history:N)"},
     {"reset_peak_stats", reset_peak_stats, METH_VARARGS, "reset_peak_stats(device)"},
     {"validate", validate, METH_NOARGS, "validate(): check every invariant; RuntimeError naming a broken one"},
     {"note_event_record", note_event_record, METH_VARARGS, "note_event_record(event, stream), for check_sync"},

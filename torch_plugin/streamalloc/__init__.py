@@ -13,7 +13,7 @@ is created by PyTorch's lazy CUDA initialisation.
 
 from ._conf import CONF_VARIABLE, merge_conf
 from ._enable import active_path, enable, enabled_conf, is_enabled
-from ._inspect import blocks, dump, reset_peak_stats, snapshot, stats
+from ._inspect import blocks, dump, pending_history, reset_peak_stats, snapshot, stats
 from ._native import ConfigError, StreamallocError
 
 __version__ = "0.1.0"
@@ -29,6 +29,7 @@ __all__ = [
     "enabled_conf",
     "is_enabled",
     "merge_conf",
+    "pending_history",
     "reset_peak_stats",
     "snapshot",
     "stats",

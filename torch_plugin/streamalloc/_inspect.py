@@ -1,4 +1,5 @@
-"""stats(), snapshot(), blocks(), reset_peak_stats(), dump(): streamalloc's view of its memory.
+"""stats(), snapshot(), blocks(), pending_history(), reset_peak_stats(), dump(): streamalloc's view of
+its memory.
 
 All of them read the allocator that enable() installed, whichever path serves it. Before PyTorch has
 initialised CUDA the allocator does not exist yet, and (like torch.cuda.memory_stats()) they report
@@ -76,6 +77,19 @@ def blocks(device: Device = None) -> list[dict]:
     return blocks_of(snapshot(), None if device is None else _device_index(device))
 
 
+def pending_history(device: Device = None) -> dict:
+    """The last changes of pending bytes per stream of one device, recorded when the allocator runs
+    with pending_history:N (0, the default, records nothing): {"device", "capacity", "recorded",
+    "time_us", "stream", "pending_bytes", "pending_blocks"}, one list per field, oldest first. A
+    sample is taken when a free makes blocks wait for a stream's fence and when one of its fences
+    completes; time_us is the steady clock. `python -m streamalloc.report FILE --timeline OUT` draws
+    it from a dump(). Empty before PyTorch has initialised CUDA."""
+    path = _enable.enabled_path()
+    if not path.is_initialized():
+        return {}
+    return json.loads(path.pending_history_json(_device_index(device)))
+
+
 def reset_peak_stats(device: Device = None) -> None:
     """Reset the peak of every statistic of one device to its current value."""
     path = _enable.enabled_path()
@@ -84,8 +98,9 @@ def reset_peak_stats(device: Device = None) -> None:
 
 
 def dump(file: str | os.PathLike) -> None:
-    """Write {"conf", "path", "stats": {device: stats}, "snapshot"} as JSON, for
-    `python -m streamalloc.report FILE` or later comparison."""
+    """Write {"conf", "path", "stats": {device: stats}, "snapshot"} as JSON, plus
+    "pending_history": {device: pending_history} when the allocator records one, for
+    `python -m streamalloc.report FILE [--timeline OUT]` or later comparison."""
     snap = snapshot()
     devices = range(snap.get("streamalloc", {}).get("devices", 0))
     data = {
@@ -94,5 +109,8 @@ def dump(file: str | os.PathLike) -> None:
         "stats": {str(d): stats(d) for d in devices},
         "snapshot": snap,
     }
+    histories = {str(d): pending_history(d) for d in devices}
+    if any(h.get("capacity") for h in histories.values()):
+        data["pending_history"] = histories
     with open(file, "w", encoding="utf-8") as out:
         json.dump(data, out, indent=1)

@@ -102,6 +102,7 @@ class CLibrary:
         # are declared as void* (ctypes would otherwise copy and leak them).
         self._declare("streamalloc_stats_json", ctypes.c_void_p, [ctypes.c_int])
         self._declare("streamalloc_snapshot_json", ctypes.c_void_p, [])
+        self._declare("streamalloc_pending_history_json", ctypes.c_void_p, [ctypes.c_int])
         self._declare("streamalloc_options_json", ctypes.c_void_p, [])
         self._declare("streamalloc_free_string", None, [ctypes.c_void_p])
         self._declare("streamalloc_reset_peak_stats", None, [ctypes.c_int])
@@ -158,6 +159,9 @@ class CLibrary:
 
     def snapshot_json(self) -> str:
         return self._take_string(self._lib.streamalloc_snapshot_json())
+
+    def pending_history_json(self, device: int) -> str:
+        return self._take_string(self._lib.streamalloc_pending_history_json(device))
 
     def options(self) -> dict:
         return json.loads(self._take_string(self._lib.streamalloc_options_json()))

@@ -1,9 +1,10 @@
 """Human-readable reports of streamalloc's stats and snapshots. Needs neither torch nor CUDA.
 
-    python -m streamalloc.report FILE.json [--blocks N]
+    python -m streamalloc.report FILE.json [--blocks N] [--timeline OUT.png|.svg|.html]
 
-FILE is what streamalloc.dump() writes, or a bare stats() or snapshot() dict saved as JSON
-("-" reads standard input).
+FILE is what streamalloc.dump() writes, or a bare stats(), snapshot() or pending_history() dict saved
+as JSON ("-" reads standard input). --timeline draws the pending bytes of each stream over time (needs
+matplotlib and a run with pending_history:N).
 """
 
 from __future__ import annotations
@@ -159,10 +160,102 @@ def format_snapshot(snapshot: dict, limit: int = 10) -> str:
     return "\n".join(lines) if lines else "no segments"
 
 
+def histories_of(data: dict) -> dict[str, dict]:
+    """The pending histories in a dump() file ({device: history}) or a bare pending_history() dict."""
+    if "time_us" in data:
+        return {str(data.get("device", 0)): data}
+    return {str(d): h for d, h in data.get("pending_history", {}).items() if h}
+
+
+def history_series(histories: dict[str, dict]) -> tuple[dict[tuple[str, int], tuple[list[float], list[int]]], float]:
+    """Per (device, stream): the times (seconds since the first sample of any device; one clock for
+    the whole process) and the pending bytes after each change; and the time of the last sample."""
+    starts = [h["time_us"][0] for h in histories.values() if h.get("time_us")]
+    if not starts:
+        return {}, 0.0
+    origin = min(starts)
+    series: dict[tuple[str, int], tuple[list[float], list[int]]] = {}
+    end = 0.0
+    for device, h in histories.items():
+        for t, stream, size in zip(h.get("time_us", []), h.get("stream", []), h.get("pending_bytes", [])):
+            times, values = series.setdefault((device, stream), ([], []))
+            times.append((t - origin) / 1e6)
+            values.append(size)
+            end = max(end, times[-1])
+    return series, end
+
+
+def format_history(histories: dict[str, dict]) -> str:
+    """Per device: how many samples the history holds and over how long; per stream: its peak of
+    pending bytes (and when) and where it ended."""
+    series, _ = history_series(histories)
+    lines = []
+    for device, h in sorted(histories.items()):
+        samples = len(h.get("time_us", []))
+        span = (h["time_us"][-1] - h["time_us"][0]) / 1e6 if samples else 0.0
+        lost = h.get("recorded", samples) - samples
+        lines.append(f"pending history, device {device}: {samples} changes over {span:.3f} s "
+                     f"(ring of {h.get('capacity', 0)}" + (f", {lost} older ones overwritten)" if lost else ")"))
+        for (dev, stream), (times, values) in sorted(series.items()):
+            if dev != device:
+                continue
+            peak = max(range(len(values)), key=values.__getitem__)
+            lines.append(f"  stream {_stream(stream)}: peak {format_bytes(values[peak])} pending at "
+                         f"{times[peak]:.3f} s, {format_bytes(values[-1])} at its last change ({len(values)} changes)")
+    return "\n".join(lines)
+
+
+def write_timeline(histories: dict[str, dict], out: str) -> None:
+    """Draw the pending bytes of each stream over time into `out` (.png, .svg, .pdf, or .html: the SVG
+    and the text summary in one page). A step plot: a stream's pending bytes hold until its next change."""
+    series, end = history_series(histories)
+    if not series:
+        raise ValueError("the pending history holds no samples: nothing was freed while used on another "
+                         "stream, or the run did not set pending_history:N")
+    try:
+        import matplotlib
+    except ImportError:
+        raise ValueError("--timeline needs matplotlib (pip install matplotlib)") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    devices = sorted({device for device, _ in series})
+    fig, axes = plt.subplots(len(devices), 1, figsize=(10, 3.2 * len(devices)), squeeze=False, sharex=True)
+    for ax, device in zip(axes[:, 0], devices):
+        for (dev, stream), (times, values) in sorted(series.items()):
+            if dev != device:
+                continue
+            ax.step(times + [end], [v / 2**20 for v in values + values[-1:]], where="post",
+                    label=f"stream {_stream(stream)}")
+        ax.set_ylabel("pending MiB")
+        ax.set_title(f"device {device}: bytes freed but waiting for each stream's fences")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper right", fontsize="small")
+    axes[-1, 0].set_xlabel("seconds since the first sample")
+    fig.tight_layout()
+    if out.endswith(".html"):
+        import html
+        import io
+
+        svg = io.StringIO()
+        fig.savefig(svg, format="svg")
+        page = ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>streamalloc pending timeline</title>"
+                "</head>\n<body>\n<h1>streamalloc: pending bytes per stream</h1>\n"
+                + svg.getvalue()[svg.getvalue().index("<svg"):]
+                + "\n<pre>" + html.escape(format_history(histories)) + "</pre>\n</body></html>\n")
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(page)
+    else:
+        fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
 def format_report(data: dict, limit: int = 10) -> str:
-    """A dump() file, a stats() dict or a snapshot() dict, whichever `data` is."""
+    """A dump() file, a stats() dict, a snapshot() dict or a pending_history() dict, whichever `data` is."""
     if "memory_stats" in data or "stream_stats" in data:
         return format_stats(data)
+    if "time_us" in data:
+        return format_history(histories_of(data))
     parts = []
     if data.get("conf") is not None or data.get("path") is not None:
         parts.append(f"streamalloc via {data.get('path')} with options: {data.get('conf') or '(defaults)'}")
@@ -171,9 +264,11 @@ def format_report(data: dict, limit: int = 10) -> str:
     snap = data.get("snapshot", data if "segments" in data else None)
     if snap is not None:
         parts.append(format_snapshot(snap, limit))
+    if histories_of(data):
+        parts.append(format_history(histories_of(data)))
     if not parts:
-        raise ValueError("not a streamalloc dump, stats or snapshot: expected keys 'stats', 'snapshot', "
-                         "'memory_stats' or 'segments'")
+        raise ValueError("not a streamalloc dump, stats, snapshot or pending history: expected keys 'stats', "
+                         "'snapshot', 'memory_stats', 'segments' or 'time_us'")
     return "\n".join(parts)
 
 
@@ -181,7 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m streamalloc.report", description=__doc__.splitlines()[0])
     parser.add_argument("file", help="JSON written by streamalloc.dump(), stats() or snapshot(); - for stdin")
     parser.add_argument("--blocks", type=int, default=10, metavar="N", help="largest blocks to list per device")
+    parser.add_argument("--timeline", metavar="OUT", default=None,
+                        help="draw the pending bytes per stream over time into OUT (.png, .svg, .pdf or .html); "
+                             "the file must hold a pending history (run with pending_history:N)")
     args = parser.parse_args(argv)
+    if args.timeline is not None and not args.timeline.endswith((".png", ".svg", ".pdf", ".html")):
+        parser.error(f"--timeline {args.timeline}: name a .png, .svg, .pdf or .html file")
     try:
         if args.file == "-":
             data = json.load(sys.stdin)
@@ -189,6 +289,13 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.file, encoding="utf-8") as f:
                 data = json.load(f)
         print(format_report(data, args.blocks))
+        if args.timeline is not None:
+            histories = histories_of(data)
+            if not histories:
+                raise ValueError(f"{args.file} holds no pending history: run with pending_history:N (e.g. "
+                                 "STREAMALLOC_CONF=pending_history:100000) and save it with streamalloc.dump()")
+            write_timeline(histories, args.timeline)
+            print(f"timeline written to {args.timeline}")
     except (OSError, ValueError) as error:
         print(f"streamalloc.report: {error}", file=sys.stderr)
         return 2
