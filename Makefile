@@ -15,7 +15,7 @@ PYTEST = STREAMALLOC_LIBRARY_DIR=$(abspath $(BUILD))/lib PYTHONPATH=$(abspath to
 .PHONY: help deps build test demo gpu-test gpu-sanitize gpu-soak traces bench audit-overhead test-asan test-tsan fuzz clean
 
 help:
-	@echo "make demo      set up, build, run the allocation benchmark and the multi-stream pipeline report"
+	@echo "make demo      set up, build, run the allocation benchmark and the multi-stream pipeline report (+ build/demo_timeline.png)"
 	@echo "make test      set up, build, run the whole test suite (GPU/torch tests skip without a GPU)"
 	@echo "make gpu-test  on a GPU machine: build everything and run every test, GPU and PyTorch included"
 	@echo "make traces    record allocation traces of real workloads (GPU machine, PyTorch)"
