@@ -12,7 +12,7 @@ CMAKE_ARGS ?=
 CONFIGURE = $(CMAKE) -S . -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo $(if $(TORCH_PREFIX),-DCMAKE_PREFIX_PATH=$(TORCH_PREFIX)) $(CMAKE_ARGS)
 PYTEST = STREAMALLOC_LIBRARY_DIR=$(abspath $(BUILD))/lib PYTHONPATH=$(abspath torch_plugin) $(PYTHON) -m pytest -q tests/python
 
-.PHONY: help deps build test demo gpu-test gpu-sanitize gpu-soak traces bench audit-overhead test-asan test-tsan fuzz clean
+.PHONY: help deps build test demo gpu-test gpu-sanitize gpu-soak traces bench audit-overhead detection-rate test-asan test-tsan fuzz clean
 
 help:
 	@echo "make demo      set up, build, run the allocation benchmark and the multi-stream pipeline report (+ build/demo_timeline.png)"
@@ -21,6 +21,7 @@ help:
 	@echo "make traces    record allocation traces of real workloads (GPU machine, PyTorch)"
 	@echo "make bench     full benchmark run; writes docs/benchmarks.md and plots (build/benchmarks.md without a GPU)"
 	@echo "make audit-overhead  what audit/poison/check_sync/quarantine cost on the training loop (GPU machine)"
+	@echo "make detection-rate  how often each debug option catches the seed's bugs, over repeated runs (GPU machine)"
 	@echo "make gpu-sanitize  the GPU suite under compute-sanitizer memcheck"
 	@echo "make gpu-soak  on a GPU machine: the pipeline soak (SOAK_SECONDS=600, SOAK_STREAMS=4 stream pairs), every byte checked"
 	@echo "make test-asan / test-tsan   the CPU suite under ASan+UBSan / TSan"
@@ -100,6 +101,13 @@ AUDIT_OVERHEAD_ARGS ?=
 audit-overhead:
 	STREAMALLOC_LIBRARY_DIR=$(abspath $(BUILD))/lib PYTHONPATH=$(abspath torch_plugin) $(PYTHON) bench/audit_overhead.py \
 	  --json $(BUILD)/audit_overhead.json --markdown $(BUILD)/audit_overhead.md $(AUDIT_OVERHEAD_ARGS)
+
+# Each seed pipeline example under each debug option, DETECTION_RUNS processes per row (about 9 s each):
+# in how many runs the bug showed (NaN, warnings) and, for the fixed pipelines, false alarms.
+DETECTION_RUNS ?= 8
+detection-rate:
+	STREAMALLOC_LIBRARY_DIR=$(abspath $(BUILD))/lib PYTHONPATH=$(abspath torch_plugin) $(PYTHON) bench/detection_rate.py \
+	  --runs $(DETECTION_RUNS) --json $(BUILD)/detection_rate.json --markdown $(BUILD)/detection_rate.md
 
 # The sanitizer runs keep the model fuzzer to 50k ops per case (the full 10^6 run is in `make test`).
 SANITIZER_FUZZ_OPS ?= 50000
