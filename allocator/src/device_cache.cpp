@@ -303,11 +303,8 @@ void DeviceCache::make_pending(Block* block) {
   block->fences_left = static_cast<std::uint32_t>(block->uses.size());
   stats_.pending_blocks.increase(1);
   stats_.pending_bytes.increase(static_cast<std::int64_t>(block->size));
-  for (Stream used : block->uses) {
-    FenceQueue& q = queue(used);
-    q.join_as_user(block);
-    if (pending_history_.enabled()) pending_history_.record(block->since, used, q.pending_stats());
-  }
+  for (Stream used : block->uses) queue(used).join_as_user(block);
+  if (pending_history_.enabled()) record_pending_history(block->since, block->uses.data(), block->uses.size());
   // Rule 6: while any stream captures a graph no event is queried; the batch is fenced after capture.
   // Asking the device about every stream costs two runtime calls per stream, so it is asked only when
   // a fence pass is due.
@@ -335,6 +332,11 @@ void DeviceCache::make_pending(Block* block) {
   } catch (const Error& e) {
     log().warn("device {}: fencing after a free failed, retried at the next allocation: {}", device_, e.what());
   }
+}
+
+// Out of line and cold: a debugging aid that must not change how the free path is compiled when off.
+void DeviceCache::record_pending_history(Clock::time_point when, const Stream* streams, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) pending_history_.record(when, streams[i], queue(streams[i]).pending_stats());
 }
 
 // Every fence of a pending block has completed: it returns to its allocation stream's free list.
@@ -391,7 +393,8 @@ void DeviceCache::finish_fence(FenceQueue& queue, Fence& fence) {
     if (--block->fences_left == 0) release_pending(block);
   }
   if (pending_history_.enabled() && !fence.pending.empty()) {
-    pending_history_.record(Clock::now(), queue.stream(), queue.pending_stats());
+    const Stream stream = queue.stream();
+    record_pending_history(Clock::now(), &stream, 1);
   }
   events_.release(fence.event);
   // Settle this stream's unsettled free blocks up to the completed sequence number.

@@ -94,6 +94,9 @@ class DeviceCache {
   bool close_batch(FenceQueue& queue);  // record a fence for the open batch; false if it was empty
   void check_consumer_waited(const Block* block, Stream consumer);
   void make_pending(Block* block);
+  // pending_history: for each of `count` streams, one sample of its pending stats now.
+  [[gnu::noinline, gnu::cold]] void record_pending_history(Clock::time_point when, const Stream* streams,
+                                                           std::size_t count);
   void release_pending(Block* block);
   void settle(Block* block);
   void mark_settled(Block* block);
@@ -168,12 +171,13 @@ class DeviceCache {
   DeviceStats stats_;
   bool accumulated_reset_ = false;
   std::deque<Block*> quarantine_;  // FIFO of freed blocks held back from reuse (quarantine_mb)
-  PendingRecorder pending_history_;  // pending_history:N (off by default)
   std::size_t quarantine_bytes_ = 0;
   int captures_underway_ = 0;  // reported by capture_begin/capture_end
   // Frees with uses poll and record fences at most once per window (docs/design.md, "Fences").
   static constexpr std::chrono::microseconds kFenceBatchWindow{20};
   Clock::time_point last_fence_pass_{};  // validate() then cannot check allocated - freed == current
+  // Last: a debugging aid, kept out of the way of the fields the hot path reads.
+  PendingRecorder pending_history_;  // pending_history:N (off by default)
 };
 
 }  // namespace streamalloc
