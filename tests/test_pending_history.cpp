@@ -20,13 +20,20 @@ namespace {
 
 using testing::SimSetup;
 
-TEST(PendingHistory, OffByDefaultRecordsNothing) {
-  SimSetup s("");
+// A block allocated on a new producer stream, used on a new consumer stream and freed: pending on the
+// consumer's next fence. Returns the consumer.
+Stream free_after_use(SimSetup& s, std::size_t size) {
   const Stream producer = s.sim->create_stream();
   const Stream consumer = s.sim->create_stream();
-  void* p = s.a().allocate(4 * KiB, 0, producer);
+  void* p = s.a().allocate(size, 0, producer);
   s.a().record_stream(p, consumer);
-  s.a().deallocate(p, 4 * KiB, 0, producer);
+  s.a().deallocate(p, size, 0, producer);
+  return consumer;
+}
+
+TEST(PendingHistory, OffByDefaultRecordsNothing) {
+  SimSetup s("");
+  free_after_use(s, 4 * KiB);
   ASSERT_EQ(s.stats().pending_bytes.current, static_cast<std::int64_t>(4 * KiB));
   const PendingHistory h = s.a().pending_history(0);
   EXPECT_EQ(h.capacity, 0u);
@@ -121,11 +128,7 @@ TEST(PendingHistory, RecorderOrdersAWrappedRing) {
 
 TEST(PendingHistory, JsonHasOneListPerField) {
   SimSetup s("pending_history:10");
-  const Stream producer = s.sim->create_stream();
-  const Stream consumer = s.sim->create_stream();
-  void* p = s.a().allocate(4 * KiB, 0, producer);
-  s.a().record_stream(p, consumer);
-  s.a().deallocate(p, 4 * KiB, 0, producer);
+  const Stream consumer = free_after_use(s, 4 * KiB);
   const auto json = nlohmann::json::parse(s.a().pending_history_json(0));
   EXPECT_EQ(json.at("device"), 0);
   EXPECT_EQ(json.at("capacity"), 10);
