@@ -170,9 +170,10 @@ int main(int argc, char** argv) {
     allocator.process_fences();
     print_stats(allocator.stats(0), iterations);
     if (!timeline_path.empty()) {
-      write_json(allocator.pending_history_json(0), timeline_path, "pending history");
+      const PendingHistory history = allocator.pending_history(0);
+      write_json(history.to_json(0), timeline_path, "pending history");
       std::printf("\npending bytes per stream over time: %s (%zu changes)\n", timeline_path.c_str(),
-                  allocator.pending_history(0).samples.size());
+                  history.samples.size());
     }
     std::printf("\nconsumer checks: %zu, checks that saw wrong bytes: %zu (%s)\n", checked, wrong,
                 wrong == 0 ? "no corruption observed" : "CORRUPTION: the consumer read bytes it did not expect");

@@ -167,21 +167,28 @@ def histories_of(data: dict) -> dict[str, dict]:
     return {str(d): h for d, h in data.get("pending_history", {}).items() if h}
 
 
-def history_series(histories: dict[str, dict]) -> tuple[dict[tuple[str, int], tuple[list[float], list[int]]], float]:
-    """Per (device, stream): the times (seconds since the first sample of any device; one clock for
-    the whole process) and the pending bytes after each change; and the time of the last sample."""
+Series = dict[int, tuple[list[float], list[int]]]  # per stream: times (s) and pending bytes after each change
+
+
+def history_series(histories: dict[str, dict]) -> tuple[dict[str, Series], float]:
+    """Per device (in order), per stream (in order): the times (seconds since the first sample of any
+    device; one clock for the whole process) and the pending bytes after each change; and the time of
+    the last sample. Devices without samples are left out."""
     starts = [h["time_us"][0] for h in histories.values() if h.get("time_us")]
     if not starts:
         return {}, 0.0
     origin = min(starts)
-    series: dict[tuple[str, int], tuple[list[float], list[int]]] = {}
+    series: dict[str, Series] = {}
     end = 0.0
-    for device, h in histories.items():
+    for device, h in sorted(histories.items()):
+        streams: Series = {}
         for t, stream, size in zip(h.get("time_us", []), h.get("stream", []), h.get("pending_bytes", [])):
-            times, values = series.setdefault((device, stream), ([], []))
+            times, values = streams.setdefault(stream, ([], []))
             times.append((t - origin) / 1e6)
             values.append(size)
             end = max(end, times[-1])
+        if streams:
+            series[device] = dict(sorted(streams.items()))
     return series, end
 
 
@@ -196,9 +203,7 @@ def format_history(histories: dict[str, dict]) -> str:
         lost = h.get("recorded", samples) - samples
         lines.append(f"pending history, device {device}: {samples} changes over {span:.3f} s "
                      f"(ring of {h.get('capacity', 0)}" + (f", {lost} older ones overwritten)" if lost else ")"))
-        for (dev, stream), (times, values) in sorted(series.items()):
-            if dev != device:
-                continue
+        for stream, (times, values) in series.get(device, {}).items():
             peak = max(range(len(values)), key=values.__getitem__)
             lines.append(f"  stream {_stream(stream)}: peak {format_bytes(values[peak])} pending at "
                          f"{times[peak]:.3f} s, {format_bytes(values[-1])} at its last change ({len(values)} changes)")
@@ -219,12 +224,9 @@ def write_timeline(histories: dict[str, dict], out: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    devices = sorted({device for device, _ in series})
-    fig, axes = plt.subplots(len(devices), 1, figsize=(10, 3.2 * len(devices)), squeeze=False, sharex=True)
-    for ax, device in zip(axes[:, 0], devices):
-        for (dev, stream), (times, values) in sorted(series.items()):
-            if dev != device:
-                continue
+    fig, axes = plt.subplots(len(series), 1, figsize=(10, 3.2 * len(series)), squeeze=False, sharex=True)
+    for ax, (device, streams) in zip(axes[:, 0], series.items()):
+        for stream, (times, values) in streams.items():
             ax.step(times + [end], [v / 2**20 for v in values + values[-1:]], where="post",
                     label=f"stream {_stream(stream)}")
         ax.set_ylabel("pending MiB")
@@ -237,11 +239,12 @@ def write_timeline(histories: dict[str, dict], out: str) -> None:
         import html
         import io
 
-        svg = io.StringIO()
-        fig.savefig(svg, format="svg")
+        buffer = io.StringIO()
+        fig.savefig(buffer, format="svg")
+        svg = buffer.getvalue()
         page = ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>streamalloc pending timeline</title>"
                 "</head>\n<body>\n<h1>streamalloc: pending bytes per stream</h1>\n"
-                + svg.getvalue()[svg.getvalue().index("<svg"):]
+                + svg[svg.index("<svg"):]
                 + "\n<pre>" + html.escape(format_history(histories)) + "</pre>\n</body></html>\n")
         with open(out, "w", encoding="utf-8") as f:
             f.write(page)
@@ -264,8 +267,9 @@ def format_report(data: dict, limit: int = 10) -> str:
     snap = data.get("snapshot", data if "segments" in data else None)
     if snap is not None:
         parts.append(format_snapshot(snap, limit))
-    if histories_of(data):
-        parts.append(format_history(histories_of(data)))
+    histories = histories_of(data)
+    if histories:
+        parts.append(format_history(histories))
     if not parts:
         raise ValueError("not a streamalloc dump, stats, snapshot or pending history: expected keys 'stats', "
                          "'snapshot', 'memory_stats', 'segments' or 'time_us'")
