@@ -3,6 +3,7 @@
 // OptionsTable.EveryKeyHasGoodAndBadCases.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <functional>
 #include <set>
 #include <string>
@@ -212,21 +213,40 @@ TEST(OptionsTable, EveryKeyHasGoodAndBadCases) {
   std::set<std::string> good, bad;
   for (const auto& c : kGoodCases) good.insert(c.key);
   for (const auto& c : kBadCases) bad.insert(c.key);
-  for (const auto& [key, help] : Options::keys()) {
-    EXPECT_EQ(good.count(key), 1u) << "no good value tested for " << key;
-    EXPECT_EQ(bad.count(key), 1u) << "no bad value tested for " << key;
-    EXPECT_FALSE(help.empty()) << key;
+  for (const OptionGroup group : {OptionGroup::kUser, OptionGroup::kSimulator}) {
+    for (const auto& [key, help] : Options::keys(group)) {
+      EXPECT_EQ(good.count(key), 1u) << "no good value tested for " << key;
+      EXPECT_EQ(bad.count(key), 1u) << "no bad value tested for " << key;
+      EXPECT_FALSE(help.empty()) << key;
+    }
   }
 }
 
-TEST(OptionsTable, KeysAreTheDocumentedOnesInOrder) {
+std::vector<std::string> key_names(OptionGroup group) {
   std::vector<std::string> names;
-  for (const auto& [key, help] : Options::keys()) names.push_back(key);
-  EXPECT_EQ(names, (std::vector<std::string>{"backend", "cross_stream_reuse", "max_split_size_mb",
-                                             "roundup_power2_divisions", "memory_fraction",
-                                             "log_level", "audit", "audit_file", "pending_warn_ms",
-                                             "poison", "quarantine_mb", "check_sync", "pending_history",
-                                             "sim_memory_mb", "sim_devices"}));
+  for (const auto& [key, help] : Options::keys(group)) names.push_back(key);
+  return names;
+}
+
+TEST(OptionsTable, KeysAreTheDocumentedOnesInOrder) {
+  EXPECT_EQ(key_names(OptionGroup::kUser),
+            (std::vector<std::string>{"backend", "cross_stream_reuse", "max_split_size_mb",
+                                      "roundup_power2_divisions", "memory_fraction", "log_level", "audit",
+                                      "audit_file", "pending_warn_ms", "poison", "quarantine_mb", "check_sync",
+                                      "pending_history"}));
+  EXPECT_EQ(Options::keys(), Options::keys(OptionGroup::kUser)) << "the user options are the default group";
+}
+
+TEST(OptionsTable, SimulatorSettingsAreAGroupOfTheirOwn) {
+  EXPECT_EQ(key_names(OptionGroup::kSimulator), (std::vector<std::string>{"sim_memory_mb", "sim_devices"}));
+  // Still set through the same string (tests and tools run on the simulated device) ...
+  const Options o = Options::parse("backend:sim,sim_devices:2");
+  EXPECT_EQ(o.sim_devices, 2);
+  // ... but not described as user options, and written out only when they differ from the defaults.
+  EXPECT_EQ(o.describe().find("sim_"), std::string::npos) << o.describe();
+  EXPECT_EQ(Options{}.to_conf_string().find("sim_"), std::string::npos) << Options{}.to_conf_string();
+  EXPECT_NE(o.to_conf_string().find("sim_devices:2"), std::string::npos) << o.to_conf_string();
+  EXPECT_EQ(o.to_conf_string().find("sim_memory_mb"), std::string::npos) << o.to_conf_string();
 }
 
 // ---- syntax ----
@@ -270,13 +290,18 @@ TEST(OptionsParse, SeveralKeysAtOnce) {
 
 TEST(OptionsParse, UnknownKeyListsEveryKnownKey) {
   const std::string message = config_error([] { Options::parse("backend:sim,foo:1"); });
-  EXPECT_NE(message.find("streamalloc: unknown option 'foo' in STREAMALLOC_CONF; known options: "
-                         "backend, cross_stream_reuse, "),
-            std::string::npos)
+  EXPECT_EQ(message.rfind("streamalloc: unknown option 'foo' in the conf string; known options: "
+                          "backend, cross_stream_reuse, ",
+                          0),
+            0u)
       << message;
-  for (const auto& [key, help] : Options::keys()) {
-    EXPECT_NE(message.find(key), std::string::npos) << key << " missing from: " << message;
+  EXPECT_EQ(message.find("streamalloc:", 1), std::string::npos) << "one prefix: " << message;
+  for (const OptionGroup group : {OptionGroup::kUser, OptionGroup::kSimulator}) {
+    for (const auto& [key, help] : Options::keys(group)) {
+      EXPECT_NE(message.find(key), std::string::npos) << key << " missing from: " << message;
+    }
   }
+  EXPECT_NE(message.find("(simulated device: sim_memory_mb, sim_devices)"), std::string::npos) << message;
   // Keys are case-sensitive, as in PYTORCH_CUDA_ALLOC_CONF.
   config_error([] { Options::parse("Backend:sim"); });
 }
@@ -287,6 +312,59 @@ TEST(OptionsParse, SetWithUnknownKeyDoesNotBlameTheEnvironment) {
   EXPECT_NE(message.find("unknown option 'max_split_size'; known options: "), std::string::npos)
       << message;
   EXPECT_EQ(message.find("STREAMALLOC_CONF"), std::string::npos) << message;
+}
+
+TEST(OptionsParse, MessagesNameTheSourceTheCallerGives) {
+  EXPECT_NE(config_error([] { Options::parse("foo:1", "--conf"); }).find("unknown option 'foo' in --conf;"),
+            std::string::npos);
+  EXPECT_NE(config_error([] { Options::parse("audit", kConfVariable); })
+                .find("malformed item 'audit' in STREAMALLOC_CONF:"),
+            std::string::npos);
+  EXPECT_NE(config_error([] { Options::parse("audit:warn,audit:off", "the test"); })
+                .find("option 'audit' given twice in the test;"),
+            std::string::npos);
+}
+
+TEST(OptionsParse, MalformedItemSuggestsAnItemThatWorksEverywhere) {
+  // backend:sim cannot serve PyTorch, so the launcher and enable() would refuse the suggestion.
+  const std::string message = config_error([] { Options::parse("check_sync"); });
+  EXPECT_NE(message.find("expected key:value, e.g. audit:warn"), std::string::npos) << message;
+  EXPECT_EQ(message.find("backend:sim"), std::string::npos) << message;
+}
+
+TEST(OptionsParse, UpdateAppliesAStringOnTopOfTheOptions) {
+  Options options = Options::parse("audit:off,poison:free");
+  options.update("audit:warn, check_sync:1", "the overrides");
+  EXPECT_EQ(options.audit, AuditMode::kWarn);  // the update's key wins
+  EXPECT_EQ(options.poison, PoisonMode::kFree);  // keys it does not give stay
+  EXPECT_TRUE(options.check_sync);
+  // A key twice within one update is still an error, and a failed update changes nothing.
+  const Options before = options;
+  const std::string message = config_error([&] { options.update("poison:off,audit:off,audit:trace", "kwargs"); });
+  EXPECT_NE(message.find("option 'audit' given twice in kwargs"), std::string::npos) << message;
+  expect_same(options, before);
+}
+
+TEST(OptionsParse, ConfFromEnvironmentIsTheConfVariable) {
+  const char* saved = std::getenv(kConfVariable);
+  const std::string previous = saved ? saved : "";
+  setenv(kConfVariable, "audit:warn", 1);
+  EXPECT_EQ(conf_from_environment(), "audit:warn");
+  unsetenv(kConfVariable);
+  EXPECT_EQ(conf_from_environment(), "");
+  if (saved) setenv(kConfVariable, previous.c_str(), 1);
+}
+
+TEST(OptionsSame, SameOptionsPassOtherOptionsAreRefusedNamingEachKey) {
+  EXPECT_NO_THROW(require_same_options(Options::parse("audit:warn"), Options::parse(" audit : warn ,")));
+  EXPECT_NO_THROW(require_same_options(Options{}, Options::parse("cross_stream_reuse:settled")))
+      << "a default given explicitly is the same option";
+  const std::string message = config_error(
+      [] { require_same_options(Options::parse("audit:warn"), Options::parse("audit:warn,poison:free,sim_devices:2")); });
+  EXPECT_EQ(message.rfind("streamalloc: already configured with other options (", 0), 0u) << message;
+  EXPECT_NE(message.find("poison: 'off' in use, 'free' asked"), std::string::npos) << message;
+  EXPECT_NE(message.find("sim_devices: '1' in use, '2' asked"), std::string::npos) << message;
+  EXPECT_EQ(message.find("audit:"), std::string::npos) << "keys that agree are not listed: " << message;
 }
 
 TEST(OptionsParse, BadValueMessageIsExact) {
@@ -381,6 +459,17 @@ TEST(OptionsOutput, DescribeListsEveryKeyWithValueAndHelp) {
   EXPECT_NE(text.find("max_split_size_mb: 64  # "), std::string::npos) << text;
   EXPECT_NE(text.find("check_sync: 1  # "), std::string::npos) << text;
   EXPECT_NE(text.find("audit_file: \"\"  # "), std::string::npos) << text;
+}
+
+TEST(OptionsOutput, ItemsAndJsonAreTheConfString) {
+  const Options options = Options::parse("audit:warn,audit_file:/tmp/a:b,sim_devices:3");
+  std::string joined;
+  for (const auto& [key, value] : options.items()) joined += (joined.empty() ? "" : ",") + key + ":" + value;
+  EXPECT_EQ(joined, options.to_conf_string());
+  const std::string json = options.to_json();
+  EXPECT_NE(json.find("\"conf\":\"" + options.to_conf_string() + "\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"audit_file\":\"/tmp/a:b\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"sim_devices\":\"3\""), std::string::npos) << json;
 }
 
 TEST(OptionsOutput, EnumNames) {

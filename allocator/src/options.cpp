@@ -1,13 +1,17 @@
 // Options: one table drives parsing, setting, describing and serializing every key, so a key's name,
-// accepted values, help text and field appear exactly once.
+// accepted values, help text and field appear exactly once; the simulated device's settings have a
+// table of their own. Options::update() is the one place a conf string is split into items.
 #include "streamalloc/options.hpp"
 
 #include <charconv>
+#include <cstdlib>
 #include <cstdint>
 #include <limits>
 #include <set>
 #include <string>
 #include <system_error>
+
+#include <nlohmann/json.hpp>
 
 #include "streamalloc/types.hpp"
 
@@ -232,7 +236,12 @@ const OptionSpec kOptionTable[] = {
        return true;
      },
      [](const Options& o) { return std::to_string(o.pending_history); }},
-    {"sim_memory_mb", "simulated device only: memory per device in MB",
+};
+
+// Settings of the simulated device: the same syntax sets them (tests, tools and benchmarks run on it),
+// but they are not user options, so keys() and describe() list them apart and docs/options.md not at all.
+const OptionSpec kSimOptionTable[] = {
+    {"sim_memory_mb", "memory per device of the simulated device, in MB",
      [] { return std::string("an integer >= 1 (MB)"); },
      [](Options& o, std::string_view v) {
        std::size_t bytes = 0;
@@ -241,7 +250,7 @@ const OptionSpec kOptionTable[] = {
        return true;
      },
      [](const Options& o) { return mb_string(o.sim_memory_bytes); }},
-    {"sim_devices", "simulated device only: number of devices",
+    {"sim_devices", "number of devices of the simulated device",
      [] { return "an integer from 1 to " + std::to_string(kMaxSimDevices); },
      [](Options& o, std::string_view v) {
        std::uint64_t n = 0;
@@ -252,20 +261,31 @@ const OptionSpec kOptionTable[] = {
      [](const Options& o) { return std::to_string(o.sim_devices); }},
 };
 
-const OptionSpec* find_option(std::string_view key) {
-  for (const auto& spec : kOptionTable) {
+template <std::size_t N>
+const OptionSpec* find_in(const OptionSpec (&table)[N], std::string_view key) {
+  for (const auto& spec : table) {
     if (key == spec.key) return &spec;
   }
   return nullptr;
 }
 
-std::string known_keys() {
+const OptionSpec* find_option(std::string_view key) {
+  const OptionSpec* spec = find_in(kOptionTable, key);
+  return spec != nullptr ? spec : find_in(kSimOptionTable, key);
+}
+
+template <std::size_t N>
+std::string join_keys(const OptionSpec (&table)[N]) {
   std::string joined;
-  for (const auto& spec : kOptionTable) {
+  for (const auto& spec : table) {
     if (!joined.empty()) joined += ", ";
     joined += spec.key;
   }
   return joined;
+}
+
+std::string known_keys() {
+  return join_keys(kOptionTable) + " (simulated device: " + join_keys(kSimOptionTable) + ")";
 }
 
 std::string_view trim(std::string_view text) {
@@ -276,35 +296,56 @@ std::string_view trim(std::string_view text) {
   return text.substr(first, last - first + 1);
 }
 
-constexpr const char* kConfVariable = "STREAMALLOC_CONF";
+// " in SOURCE" for messages; "" when there is no source (one key set from code).
+std::string in_source(std::string_view source) {
+  return source.empty() ? std::string() : " in " + std::string(source);
+}
 
-// `where` names the source in messages ("" for enable() keyword arguments).
-void set_option(Options& options, std::string_view key, std::string_view value,
-                const std::string& where) {
+void set_option(Options& options, std::string_view key, std::string_view value, std::string_view source) {
   const OptionSpec* spec = find_option(key);
   if (spec == nullptr) {
-    throw Error(ErrorCode::kConfig, "streamalloc: unknown option '" + std::string(key) + "'" + where +
-                                        "; known options: " + known_keys());
+    throw Error(ErrorCode::kConfig, "streamalloc: unknown option '" + std::string(key) + "'" +
+                                        in_source(source) + "; known options: " + known_keys());
   }
   Options updated = options;  // a rejected value leaves the options unchanged
   if (!spec->set(updated, value)) {
-    throw Error(ErrorCode::kConfig, "streamalloc: bad value '" + std::string(value) +
-                                        "' for option '" + spec->key + "'; accepted: " +
-                                        spec->accepted());
+    throw Error(ErrorCode::kConfig, "streamalloc: bad value '" + std::string(value) + "' for option '" +
+                                        spec->key + "'; accepted: " + spec->accepted());
   }
   options = std::move(updated);
 }
 
+template <std::size_t N>
+void append_items(const OptionSpec (&table)[N], const Options& options, const Options* skip_if_equal_to,
+                  std::vector<std::pair<std::string, std::string>>& out) {
+  for (const auto& spec : table) {
+    std::string value = spec.get(options);
+    if (value.empty()) continue;  // only audit_file can be empty, and empty is its default
+    if (skip_if_equal_to != nullptr && value == spec.get(*skip_if_equal_to)) continue;
+    out.emplace_back(spec.key, std::move(value));
+  }
+}
+
 }  // namespace
+
+std::string conf_from_environment() {
+  const char* conf = std::getenv(kConfVariable);
+  return conf != nullptr ? conf : "";
+}
 
 const char* to_string(BackendKind kind) { return name_of(kBackendNames, kind); }
 const char* to_string(CrossStreamReuse policy) { return name_of(kReuseNames, policy); }
 const char* to_string(AuditMode mode) { return name_of(kAuditNames, mode); }
 const char* to_string(PoisonMode mode) { return name_of(kPoisonNames, mode); }
 
-Options Options::parse(std::string_view conf) {
+Options Options::parse(std::string_view conf, std::string_view source) {
   Options options;
-  const std::string where = std::string(" in ") + kConfVariable;
+  options.update(conf, source);
+  return options;
+}
+
+void Options::update(std::string_view conf, std::string_view source) {
+  Options updated = *this;  // a rejected item leaves the options unchanged
   std::set<std::string, std::less<>> seen;
   std::size_t start = 0;
   while (start <= conf.size()) {
@@ -317,27 +358,25 @@ Options Options::parse(std::string_view conf) {
     const auto colon = item.find(':');
     if (colon == std::string_view::npos) {
       throw Error(ErrorCode::kConfig, "streamalloc: malformed item '" + std::string(item) + "'" +
-                                          where + ": expected key:value, e.g. backend:sim");
+                                          in_source(source) + ": expected key:value, e.g. audit:warn");
     }
     const std::string_view key = trim(item.substr(0, colon));
     const std::string_view value = trim(item.substr(colon + 1));
     if (key.empty()) {
       throw Error(ErrorCode::kConfig, "streamalloc: malformed item '" + std::string(item) + "'" +
-                                          where + ": empty key before ':'; known options: " +
+                                          in_source(source) + ": empty key before ':'; known options: " +
                                           known_keys());
     }
     if (!seen.insert(std::string(key)).second) {
       throw Error(ErrorCode::kConfig, "streamalloc: option '" + std::string(key) + "' given twice" +
-                                          where + "; give each option once");
+                                          in_source(source) + "; give each option once");
     }
-    set_option(options, key, value, where);
+    set_option(updated, key, value, source);
   }
-  return options;
+  *this = std::move(updated);
 }
 
-void Options::set(std::string_view key, std::string_view value) {
-  set_option(*this, trim(key), trim(value), "");
-}
+void Options::set(std::string_view key, std::string_view value) { set_option(*this, trim(key), trim(value), ""); }
 
 std::string Options::describe() const {
   std::string text;
@@ -353,23 +392,57 @@ std::string Options::describe() const {
   return text;
 }
 
+std::vector<std::pair<std::string, std::string>> Options::items() const {
+  std::vector<std::pair<std::string, std::string>> result;
+  append_items(kOptionTable, *this, nullptr, result);
+  const Options defaults;
+  append_items(kSimOptionTable, *this, &defaults, result);
+  return result;
+}
+
 std::string Options::to_conf_string() const {
   std::string conf;
-  for (const auto& spec : kOptionTable) {
-    const std::string value = spec.get(*this);
-    if (value.empty()) continue;  // only audit_file can be empty, and empty is its default
+  for (const auto& [key, value] : items()) {
     if (!conf.empty()) conf += ',';
-    conf += spec.key;
+    conf += key;
     conf += ':';
     conf += value;
   }
   return conf;
 }
 
-std::vector<std::pair<std::string, std::string>> Options::keys() {
+std::string Options::to_json() const {
+  nlohmann::json options = nlohmann::json::object();
+  for (const auto& [key, value] : items()) options[key] = value;
+  return nlohmann::json{{"conf", to_conf_string()}, {"options", options}}.dump();
+}
+
+std::vector<std::pair<std::string, std::string>> Options::keys(OptionGroup group) {
   std::vector<std::pair<std::string, std::string>> result;
-  for (const auto& spec : kOptionTable) result.emplace_back(spec.key, spec.help);
+  if (group == OptionGroup::kUser) {
+    for (const auto& spec : kOptionTable) result.emplace_back(spec.key, spec.help);
+  } else {
+    for (const auto& spec : kSimOptionTable) result.emplace_back(spec.key, spec.help);
+  }
   return result;
+}
+
+void require_same_options(const Options& fixed, const Options& asked) {
+  // Every key of both groups, defaults included, so that a key left out of one string still counts.
+  std::string differences;
+  auto compare = [&](const OptionSpec& spec) {
+    const std::string before = spec.get(fixed);
+    const std::string after = spec.get(asked);
+    if (before == after) return;
+    if (!differences.empty()) differences += "; ";
+    differences += std::string(spec.key) + ": '" + before + "' in use, '" + after + "' asked";
+  };
+  for (const auto& spec : kOptionTable) compare(spec);
+  for (const auto& spec : kSimOptionTable) compare(spec);
+  if (differences.empty()) return;
+  throw Error(ErrorCode::kConfig, "streamalloc: already configured with other options (" + differences +
+                                      "). The options are fixed for the life of the allocator: set them "
+                                      "once, or again with the same options.");
 }
 
 }  // namespace streamalloc

@@ -1,7 +1,8 @@
 // Options: every tunable of streamalloc, parsed from one string with the syntax of
 // PYTORCH_CUDA_ALLOC_CONF ("key:value,key:value"). The same keys are the keyword arguments of
 // streamalloc.enable() and the fields below. Policy code receives an immutable Options and never
-// reads the environment.
+// reads the environment: only the entry points (the C ABI at first use, torch::install_from_env())
+// call conf_from_environment().
 #pragma once
 
 #include <cstddef>
@@ -11,7 +12,15 @@
 
 namespace streamalloc {
 
+// The environment variable the entry points read, and its conf string ("" when unset).
+inline constexpr const char* kConfVariable = "STREAMALLOC_CONF";
+std::string conf_from_environment();
+
 enum class BackendKind { kAuto, kCuda, kSim };
+
+// The user options (docs/options.md) and the simulated device's settings, which the same string can
+// set (tests and tools use them) but which are not user options: keys() and describe() list a group.
+enum class OptionGroup { kUser, kSimulator };
 
 // Which free blocks of other streams an allocation may take (docs/design.md, "Stream semantics").
 enum class CrossStreamReuse {
@@ -42,22 +51,38 @@ struct Options {
   std::size_t quarantine_bytes = 0;         // delay reuse of this many freed bytes (FIFO)
   bool check_sync = false;                  // happens-before check of record_stream vs waits
   std::size_t pending_history = 0;          // keep the last N changes of pending bytes per stream
-  // Simulated device only.
+  // Simulated device (backend:sim) only: OptionGroup::kSimulator.
   std::size_t sim_memory_bytes = 4ull << 30;
   int sim_devices = 1;
 
   // Parse "key:value,key:value" on top of the defaults. Whitespace around keys and values is ignored;
-  // an empty string gives the defaults. Throws Error(kConfig) naming the key and accepted values.
-  static Options parse(std::string_view conf);
-  // Apply one key/value pair (used by parse() and by enable(**kwargs)).
+  // an empty string gives the defaults. Throws Error(kConfig) naming the key and accepted values, and
+  // `source`, where the string came from ("STREAMALLOC_CONF", "--conf", ...).
+  static Options parse(std::string_view conf, std::string_view source = "the conf string");
+  // Apply the items of `conf` on top of these options: its keys win over the current values (a key
+  // given twice within `conf` is still an error). The only splitter of conf strings in C++.
+  void update(std::string_view conf, std::string_view source);
+  // Apply one key/value pair.
   void set(std::string_view key, std::string_view value);
-  // The resolved options, one "key: value  # help" line each, in table order.
+  // The resolved user options, one "key: value  # help" line each, in table order.
   std::string describe() const;
-  // The resolved options as a conf string that parse() accepts.
+  // The resolved options as key/value pairs, as parse() accepts them: every user option in table order,
+  // then the simulator settings that differ from their defaults.
+  std::vector<std::pair<std::string, std::string>> items() const;
+  // items() as a conf string that parse() accepts.
   std::string to_conf_string() const;
-  // Every key with its help text, in table order.
-  static std::vector<std::pair<std::string, std::string>> keys();
+  // {"conf": to_conf_string(), "options": {key: value, ...} of items()}, for the bindings (the C ABI's
+  // streamalloc_resolve_conf(), the Python extension's resolve_conf()).
+  std::string to_json() const;
+  // Every key of `group` with its help text, in table order.
+  static std::vector<std::pair<std::string, std::string>> keys(OptionGroup group = OptionGroup::kUser);
 };
+
+// "Same options or refuse", the rule of every entry point that fixes the options of a process-wide
+// allocator (streamalloc_configure(), torch::install(), and through them streamalloc.enable()):
+// returns when `asked` resolves to the same options as `fixed`, else throws Error(kConfig) naming each
+// key that differs.
+void require_same_options(const Options& fixed, const Options& asked);
 
 const char* to_string(BackendKind kind);
 const char* to_string(CrossStreamReuse policy);
