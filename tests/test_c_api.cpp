@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "streamalloc/streamalloc.h"
 
@@ -31,7 +32,7 @@ TEST_F(CApi, MallocFreeRecordStream) {
   EXPECT_EQ(streamalloc_backend_is_cuda(), 0);
   streamalloc_record_stream(p, stream(0x1234));
   streamalloc_free(p, 1000, 0, stream(0));
-  EXPECT_EQ(streamalloc_last_error_code(), 0) << streamalloc_last_error();
+  EXPECT_EQ(streamalloc_last_error_code(), STREAMALLOC_OK) << streamalloc_last_error();
   EXPECT_EQ(streamalloc_validate(), 0) << streamalloc_last_error();
   const auto stats = take_json(streamalloc_stats_json(0));
   EXPECT_EQ(stats["stream_stats"]["record_stream_calls"], 1);
@@ -42,38 +43,141 @@ TEST_F(CApi, ErrorsAreReportedNotThrown) {
   void* p = streamalloc_malloc(1000, 0, stream(0));
   streamalloc_free(p, 1000, 0, stream(0));
   streamalloc_free(p, 1000, 0, stream(0));
-  EXPECT_EQ(streamalloc_last_error_code(), 2);
+  EXPECT_EQ(streamalloc_last_error_code(), STREAMALLOC_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(streamalloc_last_error()).find("double free"), std::string::npos);
   EXPECT_EQ(streamalloc_malloc(std::size_t{1} << 40, 0, stream(0)), nullptr);
-  EXPECT_EQ(streamalloc_last_error_code(), 1);
+  EXPECT_EQ(streamalloc_last_error_code(), STREAMALLOC_ERROR_OUT_OF_MEMORY);
   EXPECT_NE(std::string(streamalloc_last_error()).find("larger than the device"), std::string::npos);
   EXPECT_NE(streamalloc_malloc(64, 0, stream(0)), nullptr);
-  EXPECT_EQ(streamalloc_last_error_code(), 0) << "a successful call clears the last error";
+  EXPECT_EQ(streamalloc_last_error_code(), STREAMALLOC_OK) << "a successful call clears the last error";
   EXPECT_EQ(streamalloc_malloc(0, 0, stream(0)), nullptr);
-  EXPECT_EQ(streamalloc_last_error_code(), 0) << "size 0 is not an error";
+  EXPECT_EQ(streamalloc_last_error_code(), STREAMALLOC_OK) << "size 0 is not an error";
 }
 
 TEST_F(CApi, ConfigureRejectsBadOptionsAndLateChanges) {
   streamalloc_shutdown();
   EXPECT_EQ(streamalloc_configure("no_such_key:1"), -1);
-  EXPECT_EQ(streamalloc_last_error_code(), 3);
+  EXPECT_EQ(streamalloc_last_error_code(), STREAMALLOC_ERROR_CONFIG);
   EXPECT_NE(std::string(streamalloc_last_error()).find("no_such_key"), std::string::npos);
   ASSERT_EQ(streamalloc_configure("backend:sim,log_level:off"), 0);
   void* p = streamalloc_malloc(10, 0, stream(0));
   ASSERT_NE(p, nullptr);
   EXPECT_EQ(streamalloc_configure("backend:sim,log_level:off"), 0) << "same options: accepted";
   EXPECT_EQ(streamalloc_configure("backend:sim,cross_stream_reuse:never"), -1);
-  EXPECT_NE(std::string(streamalloc_last_error()).find("already in use"), std::string::npos);
+  EXPECT_NE(std::string(streamalloc_last_error()).find("already configured with other options"), std::string::npos);
+  EXPECT_NE(std::string(streamalloc_last_error()).find("cross_stream_reuse: 'settled' in use, 'never' asked"),
+            std::string::npos)
+      << streamalloc_last_error();
   streamalloc_free(p, 10, 0, stream(0));
+}
+
+// Options set for first use are fixed as well: a second configure() before any allocation may repeat
+// them but not change them (the rule of every entry point), until a shutdown drops them.
+TEST_F(CApi, ConfigureBeforeFirstUseFixesTheOptions) {
+  EXPECT_EQ(streamalloc_backend_is_cuda(), -1) << "no allocator yet";
+  EXPECT_EQ(streamalloc_configure("backend:sim , sim_memory_mb:256,log_level:off"), 0) << "same options";
+  EXPECT_EQ(streamalloc_configure("backend:sim,sim_memory_mb:512,log_level:off"), -1);
+  EXPECT_EQ(streamalloc_last_error_code(), STREAMALLOC_ERROR_CONFIG);
+  EXPECT_NE(std::string(streamalloc_last_error()).find("sim_memory_mb: '256' in use, '512' asked"), std::string::npos)
+      << streamalloc_last_error();
+  streamalloc_shutdown();
+  ASSERT_EQ(streamalloc_configure("backend:sim,sim_memory_mb:512,log_level:off"), 0) << streamalloc_last_error();
+  const auto options = take_json(streamalloc_options_json());
+  EXPECT_EQ(options["sim_memory_mb"], "512");
+}
+
+TEST_F(CApi, ConfigureErrorsNameTheirSourceWithOnePrefix) {
+  streamalloc_shutdown();
+  EXPECT_EQ(streamalloc_configure("foo:1"), -1);
+  const std::string message = streamalloc_last_error();
+  EXPECT_EQ(message.rfind("streamalloc: unknown option 'foo' in the string passed to streamalloc_configure();", 0), 0u)
+      << message;
+}
+
+TEST(CApiLog, LoggedErrorsCarryOnePrefix) {
+  // The log level is the default one only in a process whose allocator was never created.
+  if (streamalloc_backend_is_cuda() != -1) GTEST_SKIP() << "the allocator already exists in this process";
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(streamalloc_configure("foo:1"), -1);
+  const std::string logged = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(logged.find("[streamalloc] [error] unknown option 'foo'"), std::string::npos) << logged;
+  EXPECT_EQ(logged.find("streamalloc: "), std::string::npos) << logged;
+}
+
+TEST(CApiResolve, ResolvesWithoutConfiguring) {
+  const int state_before = streamalloc_backend_is_cuda();
+  char* text = streamalloc_resolve_conf("audit:off,poison:free", "audit:warn", "the test");
+  ASSERT_NE(text, nullptr) << streamalloc_last_error();
+  const auto resolved = nlohmann::json::parse(text);
+  streamalloc_free_string(text);
+  EXPECT_EQ(resolved["options"]["audit"], "warn");  // conf's keys win over base's
+  EXPECT_EQ(resolved["options"]["poison"], "free");
+  EXPECT_EQ(resolved["options"]["cross_stream_reuse"], "settled");  // defaults filled in
+  const std::string conf = resolved["conf"];
+  EXPECT_NE(conf.find("audit:warn"), std::string::npos) << conf;
+  EXPECT_EQ(streamalloc_backend_is_cuda(), state_before) << "resolving creates no allocator";
+
+  char* defaults = streamalloc_resolve_conf(nullptr, nullptr, nullptr);
+  ASSERT_NE(defaults, nullptr) << streamalloc_last_error();
+  EXPECT_EQ(nlohmann::json::parse(defaults)["options"]["audit"], "off");
+  streamalloc_free_string(defaults);
+
+  EXPECT_EQ(streamalloc_resolve_conf("", "audit", "--conf"), nullptr);
+  EXPECT_EQ(streamalloc_last_error_code(), STREAMALLOC_ERROR_CONFIG);
+  EXPECT_NE(std::string(streamalloc_last_error()).find("malformed item 'audit' in --conf"), std::string::npos)
+      << streamalloc_last_error();
+  EXPECT_EQ(streamalloc_resolve_conf("", "nope:1", nullptr), nullptr);
+  EXPECT_NE(std::string(streamalloc_last_error()).find("in the conf string"), std::string::npos)
+      << streamalloc_last_error();
+}
+
+TEST(CApiErrors, NamesOfTheHeadersCodes) {
+  EXPECT_STREQ(streamalloc_error_name(STREAMALLOC_OK), "ok");
+  EXPECT_STREQ(streamalloc_error_name(STREAMALLOC_ERROR_OUT_OF_MEMORY), "out_of_memory");
+  EXPECT_STREQ(streamalloc_error_name(STREAMALLOC_ERROR_INVALID_ARGUMENT), "invalid_argument");
+  EXPECT_STREQ(streamalloc_error_name(STREAMALLOC_ERROR_CONFIG), "config");
+  EXPECT_STREQ(streamalloc_error_name(STREAMALLOC_ERROR_BACKEND), "backend");
+  EXPECT_STREQ(streamalloc_error_name(STREAMALLOC_ERROR_SHUTDOWN), "shutdown");
+  EXPECT_EQ(streamalloc_error_name(STREAMALLOC_ERROR_SHUTDOWN + 1), nullptr);
+  EXPECT_EQ(streamalloc_error_name(-1), nullptr);
+}
+
+// The key paths of a JSON object: "a.b" for nested objects; lists count as leaves.
+void collect_keys(const nlohmann::json& j, const std::string& prefix, std::vector<std::string>& out) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string path = prefix.empty() ? it.key() : prefix + "." + it.key();
+    out.push_back(path);
+    if (it->is_object()) collect_keys(*it, path, out);
+  }
+}
+
+TEST_F(CApi, ZeroStatsHaveTheKeysOfADeviceInUse) {
+  char* zero_text = streamalloc_zero_stats_json();
+  ASSERT_NE(zero_text, nullptr) << streamalloc_last_error();
+  const auto zero = nlohmann::json::parse(zero_text);
+  streamalloc_free_string(zero_text);
+  EXPECT_EQ(streamalloc_backend_is_cuda(), -1) << "zero stats create no allocator";
+  void* p = streamalloc_malloc(1000, 0, stream(0));
+  streamalloc_free(p, 1000, 0, stream(0));
+  const auto used = take_json(streamalloc_stats_json(0));
+  std::vector<std::string> zero_keys, used_keys;
+  collect_keys(zero, "", zero_keys);
+  collect_keys(used, "", used_keys);
+  EXPECT_EQ(zero_keys, used_keys);
+  ASSERT_TRUE(zero.contains("memory_stats"));
+  for (const auto& [key, value] : zero["memory_stats"].items()) {
+    if (value.is_number() && key != "max_split_size") EXPECT_EQ(value, 0) << key;
+  }
+  EXPECT_EQ(zero["stream_stats"]["record_stream_calls"], 0);
 }
 
 TEST_F(CApi, ShutdownRefusesLaterCalls) {
   void* p = streamalloc_malloc(10, 0, stream(0));
   streamalloc_shutdown();
   EXPECT_EQ(streamalloc_malloc(10, 0, stream(0)), nullptr);
-  EXPECT_EQ(streamalloc_last_error_code(), 5);
+  EXPECT_EQ(streamalloc_last_error_code(), STREAMALLOC_ERROR_SHUTDOWN);
   streamalloc_free(p, 10, 0, stream(0));
-  EXPECT_EQ(streamalloc_last_error_code(), 5);
+  EXPECT_EQ(streamalloc_last_error_code(), STREAMALLOC_ERROR_SHUTDOWN);
 }
 
 TEST_F(CApi, SnapshotHasMemoryVizShapeAndStreamFields) {
@@ -121,7 +225,7 @@ TEST(CApiFirstUse, BlockTableFailsWithTheLastError) {
   const std::string previous = saved ? saved : "";
   setenv("STREAMALLOC_CONF", "backend:sim,no_such_key:1", 1);
   EXPECT_EQ(streamalloc_block_table(10), nullptr);
-  EXPECT_EQ(streamalloc_last_error_code(), 3);
+  EXPECT_EQ(streamalloc_last_error_code(), STREAMALLOC_ERROR_CONFIG);
   EXPECT_NE(std::string(streamalloc_last_error()).find("no_such_key"), std::string::npos);
   if (saved) {
     setenv("STREAMALLOC_CONF", previous.c_str(), 1);
@@ -138,7 +242,7 @@ TEST_F(CApi, BaseAllocFindsTheSegment) {
   EXPECT_EQ(size, 2u * 1024 * 1024);
   int x = 0;
   EXPECT_EQ(streamalloc_base_alloc(&x, &size), nullptr);
-  EXPECT_EQ(streamalloc_last_error_code(), 2);
+  EXPECT_EQ(streamalloc_last_error_code(), STREAMALLOC_ERROR_INVALID_ARGUMENT);
 }
 
 TEST_F(CApi, OptionsJsonAndEmptyCache) {
@@ -151,9 +255,9 @@ TEST_F(CApi, OptionsJsonAndEmptyCache) {
   EXPECT_EQ(options["backend_in_use"], "sim");
   EXPECT_EQ(options["cross_stream_reuse"], "settled");
   streamalloc_set_memory_fraction(2.0, 0);
-  EXPECT_EQ(streamalloc_last_error_code(), 2);
+  EXPECT_EQ(streamalloc_last_error_code(), STREAMALLOC_ERROR_INVALID_ARGUMENT);
   streamalloc_init(1);
-  EXPECT_EQ(streamalloc_last_error_code(), 0);
+  EXPECT_EQ(streamalloc_last_error_code(), STREAMALLOC_OK);
 }
 
 }  // namespace

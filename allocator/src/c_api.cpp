@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -24,9 +25,8 @@ using streamalloc::ErrorCode;
 struct Global {
   std::mutex mutex;
   std::atomic<Allocator*> allocator{nullptr};
-  bool configured = false;  // streamalloc_configure() ran and its options wait for first use
-  streamalloc::Options options;
-  std::string conf;
+  // Set by streamalloc_configure() for the next allocator; unset: STREAMALLOC_CONF at first use.
+  std::optional<streamalloc::Options> configured;
 };
 
 // Never destroyed: PyTorch frees tensors during static destruction at exit, after which a destroyed
@@ -41,21 +41,22 @@ thread_local std::string t_last_error;
 // __tls_get_addr (a few bytes of the static TLS that dlopen'ed libraries may use).
 thread_local int t_last_code __attribute__((tls_model("initial-exec"))) = 0;
 
-int code_number(ErrorCode code) {
+// The numbers are the header's (streamalloc_error_code); this maps the C++ codes onto them.
+streamalloc_error_code code_number(ErrorCode code) {
   switch (code) {
-    case ErrorCode::kOutOfMemory: return 1;
-    case ErrorCode::kInvalidArgument: return 2;
-    case ErrorCode::kConfig: return 3;
-    case ErrorCode::kBackend: return 4;
-    case ErrorCode::kShutdown: return 5;
+    case ErrorCode::kOutOfMemory: return STREAMALLOC_ERROR_OUT_OF_MEMORY;
+    case ErrorCode::kInvalidArgument: return STREAMALLOC_ERROR_INVALID_ARGUMENT;
+    case ErrorCode::kConfig: return STREAMALLOC_ERROR_CONFIG;
+    case ErrorCode::kBackend: return STREAMALLOC_ERROR_BACKEND;
+    case ErrorCode::kShutdown: return STREAMALLOC_ERROR_SHUTDOWN;
   }
-  return 4;
+  return STREAMALLOC_ERROR_BACKEND;
 }
 
-void set_error(int code, const std::string& message) {
+void set_error(streamalloc_error_code code, const std::string& message) {
   t_last_code = code;
   t_last_error = message;
-  streamalloc::log().error("{}", message);
+  streamalloc::log().error("{}", streamalloc::without_prefix(message));
 }
 
 void clear_error() {
@@ -75,16 +76,16 @@ bool guarded(F&& body) {
     // Out-of-memory is an expected outcome for callers that retry; they read the report from
     // last_error, so it is not logged as an error here.
     if (e.code() == ErrorCode::kOutOfMemory) {
-      t_last_code = 1;
+      t_last_code = STREAMALLOC_ERROR_OUT_OF_MEMORY;
       t_last_error = e.what();
-      streamalloc::log().info("{}", e.what());
+      streamalloc::log().info("{}", streamalloc::without_prefix(e.what()));
     } else {
       set_error(code_number(e.code()), e.what());
     }
   } catch (const std::exception& e) {
-    set_error(4, std::string("streamalloc: internal error: ") + e.what());
+    set_error(STREAMALLOC_ERROR_BACKEND, std::string("streamalloc: internal error: ") + e.what());
   } catch (...) {
-    set_error(4, "streamalloc: internal error (unknown exception)");
+    set_error(STREAMALLOC_ERROR_BACKEND, "streamalloc: internal error (unknown exception)");
   }
   return false;
 }
@@ -96,15 +97,13 @@ Allocator& instance() {
   std::lock_guard<std::mutex> lock(g.mutex);
   a = g.allocator.load(std::memory_order_relaxed);
   if (a != nullptr) return *a;
-  if (!g.configured) {
-    // The environment is read here, at the top of the stack, never by policy code.
-    const char* env = std::getenv("STREAMALLOC_CONF");
-    g.conf = env ? env : "";
-    g.options = streamalloc::Options::parse(g.conf);
-  }
-  a = new Allocator(g.options, streamalloc::make_backend(g.options));
+  // The C ABI's one read of the environment, at the top of the stack, never by policy code.
+  const streamalloc::Options options =
+      g.configured ? *g.configured
+                   : streamalloc::Options::parse(streamalloc::conf_from_environment(), streamalloc::kConfVariable);
+  a = new Allocator(options, streamalloc::make_backend(options));
   g.allocator.store(a, std::memory_order_release);
-  g.configured = false;
+  g.configured.reset();
   return *a;
 }
 
@@ -202,28 +201,42 @@ int streamalloc_configure(const char* conf) {
   const bool ok = guarded([&] {
     Global& g = global();
     std::lock_guard<std::mutex> lock(g.mutex);
-    streamalloc::Options options = streamalloc::Options::parse(conf ? conf : "");
+    const streamalloc::Options options =
+        streamalloc::Options::parse(conf ? conf : "", "the string passed to streamalloc_configure()");
+    // Options in use, or set by an earlier call and waiting for first use, are fixed until a shutdown.
     Allocator* current = g.allocator.load(std::memory_order_acquire);
     if (current != nullptr && !current->is_shut_down()) {
-      if (options.to_conf_string() == current->options().to_conf_string()) return;  // same settings: fine
-      throw Error(ErrorCode::kConfig,
-                  "streamalloc: already in use with options '" + current->options().to_conf_string() +
-                      "'; configure before the first allocation (or call streamalloc_shutdown() first).");
+      streamalloc::require_same_options(current->options(), options);
+      return;
+    }
+    if (current == nullptr && g.configured) {
+      streamalloc::require_same_options(*g.configured, options);
+      return;
     }
     // After a shutdown the old allocator stays alive (its live blocks may still be freed, and are
     // refused with a clear error); a new one serves new calls.
-    g.options = options;
-    g.conf = conf ? conf : "";
-    g.configured = true;
+    g.configured = options;
     g.allocator.store(nullptr, std::memory_order_release);
   });
   return ok ? 0 : -1;
 }
 
+char* streamalloc_resolve_conf(const char* base, const char* conf, const char* source) {
+  return guarded_string([&] {
+    const std::string where = source ? source : "the conf string";
+    streamalloc::Options options = streamalloc::Options::parse(base ? base : "", where);
+    options.update(conf ? conf : "", where);
+    return options.to_json();
+  });
+}
+
 void streamalloc_shutdown(void) {
   guarded([&] {
-    Allocator* a = global().allocator.load(std::memory_order_acquire);
+    Global& g = global();
+    std::lock_guard<std::mutex> lock(g.mutex);
+    Allocator* a = g.allocator.load(std::memory_order_acquire);
     if (a != nullptr) a->shutdown();
+    g.configured.reset();
   });
 }
 
@@ -235,6 +248,10 @@ int streamalloc_backend_is_cuda(void) {
 
 char* streamalloc_stats_json(int device) {
   return guarded_string([&] { return instance().stats_json(device); });
+}
+
+char* streamalloc_zero_stats_json(void) {
+  return guarded_string([] { return streamalloc::DeviceStats{}.to_json(); });
 }
 
 char* streamalloc_snapshot_json(void) {
@@ -256,16 +273,7 @@ char* streamalloc_block_table(int max_rows) {
 char* streamalloc_options_json(void) {
   return guarded_string([&] {
     nlohmann::json out = nlohmann::json::object();
-    const std::string conf = instance().options().to_conf_string();
-    std::size_t start = 0;
-    while (start < conf.size()) {
-      std::size_t end = conf.find(',', start);
-      if (end == std::string::npos) end = conf.size();
-      const std::string item = conf.substr(start, end - start);
-      const std::size_t colon = item.find(':');
-      if (colon != std::string::npos) out[item.substr(0, colon)] = item.substr(colon + 1);
-      start = end + 1;
-    }
+    for (const auto& [key, value] : instance().options().items()) out[key] = value;
     out["backend_in_use"] = instance().backend().name();
     return out.dump();
   });
@@ -291,5 +299,17 @@ int streamalloc_validate(void) {
 const char* streamalloc_last_error(void) { return t_last_error.c_str(); }
 
 int streamalloc_last_error_code(void) { return t_last_code; }
+
+const char* streamalloc_error_name(int code) {
+  switch (code) {
+    case STREAMALLOC_OK: return "ok";
+    case STREAMALLOC_ERROR_OUT_OF_MEMORY: return "out_of_memory";
+    case STREAMALLOC_ERROR_INVALID_ARGUMENT: return "invalid_argument";
+    case STREAMALLOC_ERROR_CONFIG: return "config";
+    case STREAMALLOC_ERROR_BACKEND: return "backend";
+    case STREAMALLOC_ERROR_SHUTDOWN: return "shutdown";
+    default: return nullptr;
+  }
+}
 
 }  // extern "C"

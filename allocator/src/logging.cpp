@@ -16,6 +16,11 @@ spdlog::logger& log() {
   return *logger;
 }
 
+std::string_view without_prefix(std::string_view message) {
+  constexpr std::string_view kPrefix = "streamalloc: ";
+  return message.substr(0, kPrefix.size()) == kPrefix ? message.substr(kPrefix.size()) : message;
+}
+
 void set_log_level(const std::string& level) { log().set_level(spdlog::level::from_str(level)); }
 
 }  // namespace streamalloc

@@ -45,10 +45,19 @@ STREAMALLOC_API void streamalloc_init(int device_count);
 STREAMALLOC_API void* streamalloc_base_alloc(void* ptr, size_t* size);
 
 /* ---- configuration and state ---- */
-/* Configure from a "key:value,..." string before first use (or after streamalloc_shutdown()).
- * Returns 0 on success, -1 with the last error set (unknown key, bad value, already in use). */
+/* Configure from a "key:value,..." string before first use (or after streamalloc_shutdown()). Once
+ * configured, the options are fixed: configuring again with the same options is fine, with other
+ * options it fails naming each key that differs, until streamalloc_shutdown().
+ * Returns 0 on success, -1 with the last error set (unknown key, bad value, other options fixed). */
 STREAMALLOC_API int streamalloc_configure(const char* conf);
-/* Release cached memory and refuse later calls with a clear error. */
+/* The options `conf` sets on top of `base` (both "key:value,..." strings; NULL or "" = the defaults;
+ * keys of `conf` win over those of `base`), resolved by the library's own parser without configuring
+ * anything: {"conf": the options as one conf string, "options": {key: value, ...}}. NULL with the last
+ * error when a string is bad; the message says the items came from `source` (e.g. "STREAMALLOC_CONF";
+ * NULL: "the conf string"). */
+STREAMALLOC_API char* streamalloc_resolve_conf(const char* base, const char* conf, const char* source);
+/* Release cached memory and refuse later calls with a clear error. Before first use it drops the
+ * options streamalloc_configure() set. */
 STREAMALLOC_API void streamalloc_shutdown(void);
 /* 1 when the allocator is configured and running on the CUDA backend, 0 on the simulated device,
  * -1 before first use. */
@@ -69,6 +78,9 @@ STREAMALLOC_API void streamalloc_note_device_synchronize(void);
 /* The strings below are owned by the caller: release them with streamalloc_free_string(). They are
  * NULL on failure, with the last error set. */
 STREAMALLOC_API char* streamalloc_stats_json(int device);
+/* What streamalloc_stats_json() gives for a device that has served nothing: the same keys, every number
+ * zero. Creates nothing (no allocator, no device work), so it can answer before first use. */
+STREAMALLOC_API char* streamalloc_zero_stats_json(void);
 STREAMALLOC_API char* streamalloc_snapshot_json(void);
 /* The last changes of pending bytes per stream of `device` (option pending_history:N), as
  * {"device", "capacity", "recorded", "time_us": [...], "stream": [...], "pending_bytes": [...],
@@ -87,8 +99,20 @@ STREAMALLOC_API int streamalloc_validate(void);
 /* The last error on the calling thread ("" when the last call succeeded). Valid until the next call
  * on this thread. */
 STREAMALLOC_API const char* streamalloc_last_error(void);
-/* 0 none, 1 out of memory, 2 invalid argument, 3 config, 4 backend, 5 shut down. */
+/* What streamalloc_last_error_code() returns: the one list of the error numbers. */
+typedef enum streamalloc_error_code {
+  STREAMALLOC_OK = 0,
+  STREAMALLOC_ERROR_OUT_OF_MEMORY = 1,
+  STREAMALLOC_ERROR_INVALID_ARGUMENT = 2,
+  STREAMALLOC_ERROR_CONFIG = 3, /* unknown option, bad value, other options already fixed */
+  STREAMALLOC_ERROR_BACKEND = 4,
+  STREAMALLOC_ERROR_SHUTDOWN = 5
+} streamalloc_error_code;
 STREAMALLOC_API int streamalloc_last_error_code(void);
+/* The name of an error code, the enumerator without its prefix in lower case ("ok", "out_of_memory",
+ * "invalid_argument", "config", "backend", "shutdown"), for bindings that do not read this header;
+ * NULL for a number that is not a code. */
+STREAMALLOC_API const char* streamalloc_error_name(int code);
 
 #ifdef __cplusplus
 }
