@@ -20,6 +20,18 @@ std::atomic<TorchAllocator*> g_current{nullptr};
 
 Stream to_stream(cudaStream_t stream) { return reinterpret_cast<Stream>(stream); }
 
+// The one translation of streamalloc's errors for PyTorch: `body`'s streamalloc::Error becomes a
+// c10::Error (RuntimeError in Python) with streamalloc's message. Other exceptions (c10's own, such
+// as OutOfMemoryError) pass through.
+template <typename F>
+decltype(auto) torch_errors(F&& body) {
+  try {
+    return std::forward<F>(body)();
+  } catch (const Error& error) {
+    C10_THROW_ERROR(Error, error.what());
+  }
+}
+
 c10::DeviceIndex current_device() {
   c10::DeviceIndex device = 0;
   C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
@@ -49,11 +61,7 @@ streamalloc::Allocator& TorchAllocator::core_or_create() {
   Options options = options_;
   // Under PyTorch the memory must be device memory: "auto" may not fall back to the simulator.
   if (options.backend == BackendKind::kAuto) options.backend = BackendKind::kCuda;
-  try {
-    owned_core_ = std::make_unique<streamalloc::Allocator>(options, make_backend(options));
-  } catch (const Error& error) {
-    C10_THROW_ERROR(Error, error.what());
-  }
+  torch_errors([&] { owned_core_ = std::make_unique<streamalloc::Allocator>(options, make_backend(options)); });
   core_.store(owned_core_.get(), std::memory_order_release);
   return *owned_core_;
 }
@@ -62,12 +70,15 @@ streamalloc::Allocator& TorchAllocator::core_or_create() {
 
 void* TorchAllocator::allocate_on(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
   streamalloc::Allocator& core = core_or_create();
-  try {
-    return core.allocate(size, device, to_stream(stream));
-  } catch (const Error& error) {
-    if (error.code() == ErrorCode::kOutOfMemory) throw_out_of_memory(error, size, device);
-    C10_THROW_ERROR(Error, error.what());
-  }
+  return torch_errors([&] {
+    try {
+      return core.allocate(size, device, to_stream(stream));
+    } catch (const Error& error) {
+      // An allocation that does not fit is PyTorch's OutOfMemoryError, with the observers told.
+      if (error.code() == ErrorCode::kOutOfMemory) throw_out_of_memory(error, size, device);
+      throw;
+    }
+  });
 }
 
 c10::DataPtr TorchAllocator::allocate(size_t size) {
@@ -91,11 +102,7 @@ void TorchAllocator::raw_delete(void* ptr) {
   if (ptr == nullptr) return;
   streamalloc::Allocator* core = this->core();
   TORCH_CHECK(core != nullptr, "streamalloc: raw_delete of a pointer streamalloc never handed out");
-  try {
-    core->deallocate(ptr);
-  } catch (const Error& error) {
-    C10_THROW_ERROR(Error, error.what());
-  }
+  torch_errors([&] { core->deallocate(ptr); });
 }
 
 // A deleter runs inside destructors, so it must not throw: a rejected free (which changes nothing in
@@ -120,11 +127,7 @@ void TorchAllocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream
   // other deleters) have nothing for this allocator to protect. A view's DataPtr is its storage's, so
   // recording a shifted view protects the whole block.
   if (ptr.get() == nullptr || ptr.get_deleter() != &delete_block) return;
-  try {
-    core_or_create().record_stream(ptr.get(), to_stream(stream.stream()));
-  } catch (const Error& error) {
-    C10_THROW_ERROR(Error, error.what());
-  }
+  torch_errors([&] { core_or_create().record_stream(ptr.get(), to_stream(stream.stream())); });
 }
 
 [[noreturn]] void TorchAllocator::throw_out_of_memory(const Error& error, size_t size, c10::DeviceIndex device) {
@@ -165,19 +168,11 @@ void TorchAllocator::emptyCache(MempoolId mempool_id) {
 }
 
 double TorchAllocator::getMemoryFraction(c10::DeviceIndex device) {
-  try {
-    return core_or_create().memory_fraction(device);
-  } catch (const Error& error) {
-    C10_THROW_ERROR(Error, error.what());
-  }
+  return torch_errors([&] { return core_or_create().memory_fraction(device); });
 }
 
 void TorchAllocator::setMemoryFraction(double fraction, c10::DeviceIndex device) {
-  try {
-    core_or_create().set_memory_fraction(fraction, device);
-  } catch (const Error& error) {
-    C10_THROW_ERROR(Error, error.what());
-  }
+  torch_errors([&] { core_or_create().set_memory_fraction(fraction, device); });
 }
 
 // PyTorch's contract (used to size cuDNN benchmark workspaces): a zero *largest_block asks for an
@@ -185,7 +180,7 @@ void TorchAllocator::setMemoryFraction(double fraction, c10::DeviceIndex device)
 // cached free block. The guess respects streamalloc's memory-fraction cap.
 void TorchAllocator::cacheInfo(c10::DeviceIndex device, size_t* largest_block) {
   streamalloc::Allocator& core = core_or_create();
-  try {
+  torch_errors([&] {
     std::size_t largest_cached = 0;
     core.cache_info(device, &largest_cached, nullptr);
     if (*largest_block == 0) {
@@ -195,9 +190,7 @@ void TorchAllocator::cacheInfo(c10::DeviceIndex device, size_t* largest_block) {
       *largest_block = std::min(info.free_bytes, cap > reserved ? cap - reserved : 0);
     }
     *largest_block = std::max(*largest_block, largest_cached);
-  } catch (const Error& error) {
-    C10_THROW_ERROR(Error, error.what());
-  }
+  });
 }
 
 void* TorchAllocator::getBaseAllocation(void* ptr, size_t* size) {
@@ -210,27 +203,15 @@ void* TorchAllocator::getBaseAllocation(void* ptr, size_t* size) {
 // ---- statistics and snapshots ----
 
 c10::CachingDeviceAllocator::DeviceStats TorchAllocator::getDeviceStats(c10::DeviceIndex device) {
-  try {
-    return to_torch_stats(core_or_create().stats(device));
-  } catch (const Error& error) {
-    C10_THROW_ERROR(Error, error.what());
-  }
+  return torch_errors([&] { return to_torch_stats(core_or_create().stats(device)); });
 }
 
 void TorchAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
-  try {
-    core_or_create().reset_accumulated_stats(device);
-  } catch (const Error& error) {
-    C10_THROW_ERROR(Error, error.what());
-  }
+  torch_errors([&] { core_or_create().reset_accumulated_stats(device); });
 }
 
 void TorchAllocator::resetPeakStats(c10::DeviceIndex device) {
-  try {
-    core_or_create().reset_peak_stats(device);
-  } catch (const Error& error) {
-    C10_THROW_ERROR(Error, error.what());
-  }
+  torch_errors([&] { core_or_create().reset_peak_stats(device); });
 }
 
 c10::cuda::CUDACachingAllocator::SnapshotInfo TorchAllocator::snapshot(MempoolId mempool_id, bool) {
