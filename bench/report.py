@@ -18,6 +18,10 @@ import statistics
 import sys
 from collections import defaultdict
 
+# Byte counts are written by the package's report module, as everywhere else in streamalloc's output.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "torch_plugin"))
+from streamalloc.report import format_bytes  # noqa: E402  (needs neither torch nor the native library)
+
 STREAMALLOC_PEERS = ("streamalloc", "streamalloc_cabi")
 PEER_ORDER = ("streamalloc", "streamalloc_cabi", "torch_native", "cudaMallocAsync", "cudaMalloc")
 IGNORED_NAME_PARTS = ("real_time", "manual_time")
@@ -113,12 +117,7 @@ def fmt_ns(value):
 
 
 def fmt_bytes(value):
-    if value is None or value < 0:
-        return "n/a"
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if value >= scale:
-            return f"{value / scale:.2f} {unit}"
-    return f"{int(value)} B"
+    return "n/a" if value is None or value < 0 else format_bytes(value)
 
 
 def fmt_ratio(value):

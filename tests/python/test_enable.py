@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from support import HAS_EXTENSION, requires_native, requires_torch, run_code
+from support import CUDA_DEVICES, HAS_EXTENSION, requires_native, requires_torch, run_code
 
 pytestmark = [requires_native, requires_torch]
 
@@ -26,7 +26,8 @@ def test_unknown_key_is_named_before_any_cuda_work():
     out = json.loads(result.stdout.splitlines()[-1])
     assert out["type"] == "ConfigError"
     assert "unknown option 'bogus_key'" in out["error"]
-    assert "keyword argument of streamalloc.enable()" in out["error"]
+    assert "unknown option 'bogus_key' in the keyword arguments of streamalloc.enable()" in out["error"]
+    assert out["error"].count("streamalloc:") == 1
     assert "known options: backend" in out["error"]  # the accepted keys are listed
     assert not out["enabled"] and not out["cuda_initialized"]
 
@@ -47,6 +48,17 @@ def test_bad_item_in_the_environment_is_reported():
         "except ValueError as e:\n"
         "    print(e)\n", env={"STREAMALLOC_CONF": "audit"})
     assert "malformed item 'audit' in STREAMALLOC_CONF" in result.stdout
+    assert "e.g. audit:warn" in result.stdout  # a suggestion that enable() accepts
+
+
+def test_bad_item_in_the_conf_argument_names_the_argument():
+    result = run_enable(
+        "try:\n"
+        "    streamalloc.enable('audit:warn,foo:1')\n"
+        "except ValueError as e:\n"
+        "    print(e)\n", env={"STREAMALLOC_CONF": "audit:warn"})
+    assert "unknown option 'foo' in the conf string passed to streamalloc.enable()" in result.stdout
+    assert "STREAMALLOC_CONF" not in result.stdout
 
 
 def test_simulated_backend_is_refused_under_torch():
@@ -70,8 +82,41 @@ def test_enable_installs_without_initialising_cuda_and_reads_the_environment():
     assert out["enabled"] and not out["cuda_initialized"]
     assert out["path"] == ("extension" if HAS_EXTENSION else "c-abi")
     assert "audit:warn" in out["conf"] and "quarantine_mb:4" in out["conf"]
-    # The allocator is created by PyTorch's CUDA init; until then there is nothing to report.
-    assert out["stats"] == {} and out["blocks"] == []
+    # The allocator is created by PyTorch's CUDA init; until then it reports an allocator that served
+    # nothing, in the shape of one in use.
+    assert set(out["stats"]) == {"memory_stats", "stream_stats"}
+    assert out["stats"]["memory_stats"]["allocated_bytes.all.current"] == 0
+    assert out["stats"]["stream_stats"]["record_stream_calls"] == 0
+    assert out["blocks"] == []
+
+
+@pytest.mark.parametrize("path", ["auto", "c-abi"])
+def test_readme_example_works_before_cuda_is_used(path):
+    # README: print(streamalloc.stats()["stream_stats"]) right after enable(), CUDA not used yet.
+    result = run_enable(
+        "streamalloc.enable(audit='warn')\n"
+        "s = streamalloc.stats()\n"
+        "print(json.dumps({'stream_stats': s['stream_stats'], 'memory_stats': s['memory_stats'],\n"
+        "                  'cuda_initialized': torch.cuda.is_initialized()}))\n",
+        env={"STREAMALLOC_TORCH_PATH": path})
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.splitlines()[-1])
+    assert out["stream_stats"]["pending_blocks"]["current"] == 0
+    assert out["memory_stats"]["reserved_bytes.all.peak"] == 0
+    assert not out["cuda_initialized"]
+
+
+@pytest.mark.skipif(CUDA_DEVICES > 0, reason="this machine has a CUDA device")
+def test_enabling_without_a_cuda_device_says_so_once():
+    result = run_enable(
+        "streamalloc.enable(audit='warn')\n"
+        "streamalloc.enable(audit='warn')\n"
+        "print(torch.cuda.is_initialized())\n")
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "no CUDA device" in line]
+    assert lines == ["streamalloc: enabled, but this process sees no CUDA device, so streamalloc will serve "
+                     "no GPU memory (stats() reports zeros)"], result.stderr
+    assert result.stdout.split() == ["False"]  # asking for devices did not initialise CUDA
 
 
 def test_keyword_options_override_the_environment_and_conf_ignores_it():
@@ -96,8 +141,21 @@ def test_enabling_twice_is_a_no_op_when_identical_and_an_error_otherwise():
         "except RuntimeError as e:\n"
         "    print(e)\n")
     assert result.returncode == 0, result.stderr
-    assert "already enabled with other options" in result.stdout
-    assert "poison: enabled with" in result.stdout and "'free'" in result.stdout
+    assert "already configured with other options" in result.stdout
+    assert "poison: 'off' in use, 'free' asked" in result.stdout
+    assert "audit:" not in result.stdout  # the key that agrees is not listed
+
+
+def test_the_c_abi_path_refuses_other_options_with_the_same_rule():
+    result = run_enable(
+        "streamalloc.enable(audit='warn')\n"
+        "streamalloc.enable(' audit : warn ')\n"
+        "try:\n"
+        "    streamalloc.enable(audit='warn', poison='free')\n"
+        "except RuntimeError as e:\n"
+        "    print(e)\n", env={"STREAMALLOC_TORCH_PATH": "c-abi"})
+    assert result.returncode == 0, result.stderr
+    assert "already configured with other options (poison: 'off' in use, 'free' asked)" in result.stdout
 
 
 def test_enable_after_cuda_init_says_how_to_fix_it():

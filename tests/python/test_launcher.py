@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from support import requires_native, requires_torch, run_python
+from support import CUDA_DEVICES, requires_native, requires_torch, run_python
 
 pytestmark = [requires_native, requires_torch]
 
@@ -99,6 +99,35 @@ def test_bad_conf_stops_before_the_program_runs(tmp_path):
     assert result.returncode == 2
     assert "bad value 'sometimes' for option 'cross_stream_reuse'" in result.stderr
     assert not marker.exists()
+
+
+def test_conf_errors_name_the_option_with_one_prefix(tmp_path):
+    script = tmp_path / "nothing.py"
+    script.write_text("")
+    result = launch("--conf", "foo:1", script, env={"STREAMALLOC_CONF": "audit:warn"})
+    assert result.returncode == 2
+    assert "streamalloc: unknown option 'foo' in --conf;" in result.stderr
+    assert "STREAMALLOC_CONF" not in result.stderr
+    assert "streamalloc: streamalloc:" not in result.stderr
+    result = launch(script, env={"STREAMALLOC_CONF": "foo:1"})
+    assert result.returncode == 2
+    assert "unknown option 'foo' in STREAMALLOC_CONF;" in result.stderr
+
+
+def test_the_malformed_item_hint_is_an_item_the_launcher_accepts(probe):
+    result = launch("--conf", "check_sync", probe)
+    assert result.returncode == 2
+    hint = result.stderr.split("e.g. ")[1].split()[0]
+    result = launch("--conf", hint, probe)
+    assert result.returncode == 0, result.stderr
+    assert hint in probe_output(result)["conf"]
+
+
+@pytest.mark.skipif(CUDA_DEVICES > 0, reason="this machine has a CUDA device")
+def test_no_cuda_device_is_said_once(probe):
+    result = launch(probe)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("sees no CUDA device") == 1, result.stderr
 
 
 def test_usage_errors(tmp_path):

@@ -1,11 +1,12 @@
 """The CPU-side parts of the package: importing without torch, conf strings, reports."""
 
+import importlib.util
 import json
 
 import pytest
 
 from streamalloc import _conf, report
-from support import run_code, run_python
+from support import REPO, run_code, run_python
 
 
 def test_imports_without_torch():
@@ -54,8 +55,11 @@ class TestConf:
         assert _conf.conf_from_env({"STREAMALLOC_CONF": "audit:warn"}) == "audit:warn"
         assert _conf.conf_from_env({}) == ""
 
-    def test_conf_to_dict(self):
-        assert _conf.conf_to_dict(" a:1 ,, b : 2 ,junk") == {"a": "1", "b": "2"}
+    def test_keyword_options_as_one_conf_string(self):
+        assert _conf.options_conf({"audit": "warn", "check_sync": True}) == "audit:warn,check_sync:1"
+        assert _conf.options_conf({}) == ""
+        with pytest.raises(ValueError, match="not an option name"):
+            _conf.options_conf({"a:b": 1})
 
 
 STATS = {
@@ -76,6 +80,14 @@ class TestReport:
     def test_format_bytes(self):
         assert report.format_bytes(512) == "512 B"
         assert report.format_bytes(3 * 1024 * 1024) == "3.00 MiB"
+
+    def test_the_benchmark_report_writes_bytes_with_the_same_function(self):
+        spec = importlib.util.spec_from_file_location("bench_report", REPO / "bench" / "report.py")
+        bench_report = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench_report)
+        assert bench_report.format_bytes is report.format_bytes
+        assert bench_report.fmt_bytes(5 * 2**40) == report.format_bytes(5 * 2**40) == "5.00 TiB"
+        assert bench_report.fmt_bytes(None) == bench_report.fmt_bytes(-1) == "n/a"
 
     def test_stats_report_names_the_numbers(self):
         text = report.format_stats(STATS, 0)

@@ -1,11 +1,14 @@
 """The C ABI binding and the stats/snapshot/report plumbing, on the simulated device (CPU only)."""
 
 import json
+import re
 
 import pytest
 
-from streamalloc import _inspect, report
-from support import SCRIPTS, HAS_TORCH, last_json, requires_native, run_python
+from streamalloc import _inspect, _native, report
+from support import REPO, SCRIPTS, HAS_EXTENSION, HAS_TORCH, last_json, requires_native, run_code, run_python
+
+HEADER = (REPO / "allocator" / "include" / "streamalloc" / "streamalloc.h").read_text()
 
 pytestmark = requires_native
 
@@ -117,3 +120,97 @@ def test_timeline_without_a_history_says_how_to_record_one(sim, tmp_path, capsys
     dump.write_text(json.dumps({"snapshot": sim["snapshot"]}))
     assert report.main([str(dump), "--timeline", str(tmp_path / "t.png")]) == 2
     assert "pending_history:N" in capsys.readouterr().err
+
+
+# ---- one table of the C ABI for Python, checked against the header and the libraries ----
+
+def header_functions() -> dict[str, int]:
+    """streamalloc.h's functions: name -> number of parameters."""
+    functions = {}
+    for name, params in re.findall(r"STREAMALLOC_API\s+[\w\s\*]*?\b(streamalloc_\w+)\(([^)]*)\)", HEADER):
+        params = params.strip()
+        functions[name] = 0 if params in ("", "void") else params.count(",") + 1
+    return functions
+
+
+def test_every_bound_function_is_the_headers_with_its_arity():
+    declared = header_functions()
+    for function in _native.ABI + _native._PLUMBING:
+        name = "streamalloc_" + function.name
+        assert name in declared, f"{name} is bound in _native.ABI but not declared in streamalloc.h"
+        assert len(function.argtypes) == declared[name], name
+
+
+def test_the_library_exports_the_table_and_binds_one_method_each():
+    lib = _native.CLibrary(_native.find_c_library())
+    for function in _native.ABI:
+        assert callable(getattr(lib, function.name)), function.name
+
+
+@pytest.mark.skipif(not HAS_EXTENSION, reason="the LibTorch extension (_torch_ext) was not built")
+def test_the_extension_has_every_shared_function():
+    result = run_code(
+        "import json\n"
+        "from streamalloc import _native\n"
+        "ext = _native.load_extension(_native.find_extension())\n"
+        "print(json.dumps(sorted(n for n in _native.SHARED if not callable(getattr(ext, n, None)))))\n")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1]) == []
+
+
+def test_error_numbers_come_from_the_headers_enum():
+    lib = _native.CLibrary(_native.find_c_library())
+    enum = dict(re.findall(r"STREAMALLOC_(?:ERROR_)?(\w+) = (\d+)", HEADER))
+    assert enum, "no error codes found in streamalloc.h"
+    for name, number in enum.items():
+        assert lib.error_name(int(number)) == name.lower()
+    assert lib.error_name(max(int(n) for n in enum.values()) + 1) is None
+
+
+def test_config_errors_are_config_errors_and_others_carry_the_headers_number():
+    result = run_code(
+        "import json\n"
+        "from streamalloc import _native\n"
+        "lib = _native.CLibrary(_native.find_c_library())\n"
+        "out = {}\n"
+        "try:\n"
+        "    lib.configure('nope:1')\n"
+        "except _native.ConfigError as e:\n"
+        "    out['config'] = str(e)\n"
+        "lib.configure('backend:sim,log_level:off')\n"
+        "try:\n"
+        "    lib.free(0x1234, 8, 0, 0)\n"
+        "except _native.StreamallocError as e:\n"
+        "    out['code'] = e.code\n"
+        "print(json.dumps(out))\n")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.splitlines()[-1])
+    assert "unknown option 'nope' in the string passed to streamalloc_configure()" in out["config"]
+    assert out["code"] == int(re.search(r"STREAMALLOC_ERROR_INVALID_ARGUMENT = (\d+)", HEADER).group(1))
+
+
+def test_zero_stats_have_the_keys_of_a_device_in_use(sim):
+    lib = _native.CLibrary(_native.find_c_library())
+    zero = json.loads(lib.zero_stats_json())
+    assert not lib.is_initialized()
+
+    def paths(d, prefix=""):
+        out = set()
+        for key, value in d.items():
+            out.add(prefix + key)
+            if isinstance(value, dict):
+                out |= paths(value, prefix + key + ".")
+        return out
+
+    assert paths(zero) == paths(sim["stats"])
+    assert all(v == 0 for k, v in zero["memory_stats"].items() if k != "max_split_size")
+
+
+def test_resolve_conf_layers_keyword_options_and_names_the_source():
+    lib = _native.CLibrary(_native.find_c_library())
+    resolved = json.loads(lib.resolve_conf("audit:off,poison:free", "audit:warn", "the test"))
+    assert resolved["options"]["audit"] == "warn" and resolved["options"]["poison"] == "free"
+    assert "audit:warn" in resolved["conf"]
+    with pytest.raises(_native.ConfigError, match="malformed item 'x' in --conf"):
+        lib.resolve_conf("", "x", "--conf")
+    assert not lib.is_initialized()

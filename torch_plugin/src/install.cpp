@@ -1,5 +1,4 @@
 // streamalloc::torch::install(): choose streamalloc as PyTorch's CUDA allocator, once per process.
-#include <cstdlib>
 #include <memory>
 #include <mutex>
 
@@ -39,12 +38,8 @@ void install(const Options& options) {
   Installed& state = installed();
   std::lock_guard<std::mutex> lock(state.mutex);
   if (state.allocator) {
-    const std::string current = state.allocator->options().to_conf_string();
-    if (current == options.to_conf_string()) return;
-    throw Error(ErrorCode::kConfig, "streamalloc: already installed with options '" + current +
-                                        "'; install() was called again with '" + options.to_conf_string() +
-                                        "'. Options are fixed for the life of the process: install once, "
-                                        "or again with the same options.");
+    require_same_options(state.allocator->options(), options);
+    return;
   }
   // PyTorch refuses to swap an allocator that CUDA initialisation has set up; say why and what to do
   // rather than let its generic check fire.
@@ -68,12 +63,13 @@ void install(const Options& options) {
   state.allocator = std::move(allocator);
 }
 
-void install(const std::string& conf) { install(Options::parse(conf)); }
+void install(const std::string& conf) {
+  install(Options::parse(conf, "the string passed to streamalloc::torch::install()"));
+}
 
 void install_from_env() {
-  // The environment is read here, at the entry point, never by policy code.
-  const char* conf = std::getenv("STREAMALLOC_CONF");
-  install(std::string(conf != nullptr ? conf : ""));
+  // The LibTorch entry point's one read of the environment, never by policy code.
+  install(Options::parse(conf_from_environment(), kConfVariable));
 }
 
 bool is_installed() {

@@ -46,10 +46,22 @@ Allocator& running() {
   return *allocator;
 }
 
+// The same answers as the C ABI's streamalloc_resolve_conf() and streamalloc_zero_stats_json(), so the
+// package reads either path the same way (streamalloc/_native.py, ABI).
 PyObject* resolve_conf(PyObject*, PyObject* args) {
+  const char* base = nullptr;
   const char* conf = nullptr;
-  if (!PyArg_ParseTuple(args, "s", &conf)) return nullptr;
-  return guarded([&] { return to_str(streamalloc::Options::parse(conf).to_conf_string()); });
+  const char* source = nullptr;
+  if (!PyArg_ParseTuple(args, "sss", &base, &conf, &source)) return nullptr;
+  return guarded([&] {
+    streamalloc::Options options = streamalloc::Options::parse(base, source);
+    options.update(conf, source);
+    return to_str(options.to_json());
+  });
+}
+
+PyObject* zero_stats_json(PyObject*, PyObject*) {
+  return guarded([&] { return to_str(streamalloc::DeviceStats{}.to_json()); });
 }
 
 PyObject* install(PyObject*, PyObject* args) {
@@ -140,7 +152,9 @@ PyObject* note_device_synchronize(PyObject*, PyObject*) {
 
 PyMethodDef kMethods[] = {
     {"resolve_conf", resolve_conf, METH_VARARGS,
-     "resolve_conf(conf) -> the options as a canonical conf string; ValueError for a bad key or value"},
+     "resolve_conf(base, conf, source) -> JSON {conf, options} of conf's options on top of base's; "
+     "ValueError for a bad key or value"},
+    {"zero_stats_json", zero_stats_json, METH_NOARGS, "zero_stats_json() -> stats_json's keys, every number 0"},
     {"install", install, METH_VARARGS, "install(conf): make streamalloc PyTorch's CUDA allocator"},
     {"is_initialized", is_initialized, METH_NOARGS, "True once PyTorch's CUDA init created the allocator"},
     {"stats_json", stats_json, METH_VARARGS, "stats_json(device) -> DeviceStats as JSON"},

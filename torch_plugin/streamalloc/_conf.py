@@ -1,8 +1,9 @@
 """Configuration strings: the "key:value,key:value" syntax of STREAMALLOC_CONF.
 
-The native library owns the option table (names, accepted values, help); this module only does the
-string plumbing that happens before the native parser sees the text: reading the environment and
-merging enable(**options) keyword arguments into a conf string. It never imports torch.
+The native library owns the option table (names, accepted values, help) and the parser: enable()
+asks it to resolve a string (streamalloc_resolve_conf(), or the extension's resolve_conf()). This
+module only reads the environment for the Python entry point and spells keyword arguments in the conf
+syntax. It never imports torch.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ CONF_VARIABLE = "STREAMALLOC_CONF"
 
 
 def conf_from_env(environ: Mapping[str, str] | None = None) -> str:
-    """The STREAMALLOC_CONF of `environ` (default os.environ), or "" when unset."""
+    """The STREAMALLOC_CONF of `environ` (default os.environ), or "" when unset. The Python side's one
+    read of it: enable() calls it when given no conf string."""
     return (os.environ if environ is None else environ).get(CONF_VARIABLE, "")
 
 
@@ -41,39 +43,31 @@ def format_value(key: str, value: object) -> str:
     return text.strip()
 
 
-def split_items(conf: str) -> list[str]:
-    """The non-empty items of a conf string, whitespace-trimmed, in order."""
-    return [item.strip() for item in conf.split(",") if item.strip()]
+def options_conf(options: Mapping[str, object]) -> str:
+    """Keyword options as one conf string, in the order given."""
+    items = []
+    for key, value in options.items():
+        name = str(key).strip()
+        if not name or ":" in name or "," in name:
+            raise ValueError(f"streamalloc: {key!r} is not an option name")
+        items.append(f"{name}:{format_value(name, value)}")
+    return ",".join(items)
 
 
-def item_key(item: str) -> str | None:
-    """The key of one "key:value" item, or None for a malformed item (left to the native parser,
-    whose message names it)."""
+def _key_of(item: str) -> str | None:
     key, sep, _ = item.partition(":")
     return key.strip() if sep else None
 
 
 def merge_conf(conf: str, options: Mapping[str, object]) -> str:
-    """`conf` with every key of `options` set to its value.
+    """`conf` with every key of `options` set to its value, without asking the native library.
 
-    Keyword options win over items of `conf` with the same key, so enable(audit="warn") overrides
+    Keyword options win over items of `conf` with the same key, as in enable(audit="warn") over
     audit:off from STREAMALLOC_CONF. Items that are not key:value stay as they are so that the native
-    parser reports them; values are validated natively too.
+    parser reports them; values are validated natively too. (enable() itself resolves the two strings
+    with the native parser, which names where a bad item came from.)
     """
-    overrides = {str(k).strip(): format_value(str(k), v) for k, v in options.items()}
-    for key in overrides:
-        if not key or ":" in key or "," in key:
-            raise ValueError(f"streamalloc: {key!r} is not an option name")
-    kept = [item for item in split_items(conf) if item_key(item) not in overrides]
-    kept.extend(f"{key}:{value}" for key, value in overrides.items())
-    return ",".join(kept)
-
-
-def conf_to_dict(conf: str) -> dict[str, str]:
-    """{key: value} of a conf string as written (no validation, no defaults): for reports."""
-    result: dict[str, str] = {}
-    for item in split_items(conf):
-        key, sep, value = item.partition(":")
-        if sep:
-            result[key.strip()] = value.strip()
-    return result
+    overrides = options_conf(options)
+    keys = {_key_of(item) for item in overrides.split(",")} if overrides else set()
+    kept = [item.strip() for item in conf.split(",") if item.strip() and _key_of(item) not in keys]
+    return ",".join(kept + ([overrides] if overrides else []))

@@ -18,6 +18,8 @@ STREAMALLOC_TORCH_PATH=auto|extension|c-abi chooses (auto: the extension when it
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import threading
 import warnings
@@ -38,80 +40,57 @@ TOO_LATE_MESSAGE = (
 
 
 class InstallPath(Protocol):
+    """What enable() needs of a path. Every function _native.ABI marks `shared` (stats_json,
+    snapshot_json, note_event_record, ...) is also forwarded unchanged to the path's native object."""
+
     name: str
 
-    def canonical(self, conf: str) -> str: ...
-    def validate(self, conf: str) -> None: ...
+    def resolve(self, base: str, conf: str, source: str) -> dict: ...
     def install(self, conf: str) -> None: ...
+    def install_again(self, conf: str) -> None: ...
     def is_initialized(self) -> bool: ...
-    def stats_json(self, device: int) -> str: ...
-    def snapshot_json(self) -> str: ...
-    def pending_history_json(self, device: int) -> str: ...
-    def reset_peak_stats(self, device: int) -> None: ...
-    def note_event_record(self, event: int, stream: int) -> None: ...
-    def note_event_wait(self, event: int, stream: int) -> None: ...
-    def note_stream_synchronize(self, stream: int) -> None: ...
-    def note_device_synchronize(self) -> None: ...
 
 
-class _Reports:
-    """The calls both paths pass straight to their native object (the extension module or the C
-    library), which expose them under the same names."""
+class _NativePath:
+    """What both paths share: the functions of _native.ABI marked `shared` go straight to the native
+    object (the extension module or the C library), which exposes them under the same names; and the
+    options are resolved by the native parser."""
 
     def __init__(self, native):
         self._native = native
 
+    def __getattr__(self, name: str):
+        if name in _native.SHARED:
+            return getattr(self.__dict__["_native"], name)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
     def is_initialized(self) -> bool:
         return self._native.is_initialized()
 
-    def stats_json(self, device: int) -> str:
-        return self._native.stats_json(device)
-
-    def snapshot_json(self) -> str:
-        return self._native.snapshot_json()
-
-    def pending_history_json(self, device: int) -> str:
-        return self._native.pending_history_json(device)
-
-    def reset_peak_stats(self, device: int) -> None:
-        self._native.reset_peak_stats(device)
-
-    def note_event_record(self, event: int, stream: int) -> None:
-        self._native.note_event_record(event, stream)
-
-    def note_event_wait(self, event: int, stream: int) -> None:
-        self._native.note_event_wait(event, stream)
-
-    def note_stream_synchronize(self, stream: int) -> None:
-        self._native.note_stream_synchronize(stream)
-
-    def note_device_synchronize(self) -> None:
-        self._native.note_device_synchronize()
+    def resolve(self, base: str, conf: str, source: str) -> dict:
+        """{"conf": canonical conf string, "options": {key: value}} of `conf` on top of `base`, from
+        the native parser, whose messages name the key, the accepted values and `source`."""
+        try:
+            text = self._native.resolve_conf(base, conf, source)
+        except ValueError as error:  # ConfigError from the C library, ValueError from the extension
+            raise _native.ConfigError(str(error)) from None
+        return json.loads(text)
 
 
-class ExtensionPath(_Reports):
-    """The LibTorch extension; options are parsed and compared by the native Options table."""
+class ExtensionPath(_NativePath):
+    """The LibTorch extension (streamalloc::torch::install)."""
 
     name = "extension"
 
-    def __init__(self, module):
-        super().__init__(module)
-        self._ext = module
-
-    def canonical(self, conf: str) -> str:
-        try:
-            return self._ext.resolve_conf(conf)
-        except ValueError as error:  # the native message names the key and the accepted values
-            raise _native.ConfigError(str(error)) from None
-
-    def validate(self, conf: str) -> None:
-        self.canonical(conf)
-
     def install(self, conf: str) -> None:
-        self._ext.install(conf)
+        self._native.install(conf)
+
+    def install_again(self, conf: str) -> None:
+        # install() again: nothing with the same options, RuntimeError naming the keys that differ.
+        self._native.install(conf)
 
 
-class CAbiPath(_Reports):
+class CAbiPath(_NativePath):
     """libstreamalloc.so through torch.cuda.memory.CUDAPluggableAllocator and ctypes."""
 
     name = "c-abi"
@@ -121,18 +100,12 @@ class CAbiPath(_Reports):
         self._lib = library
         self._torch_allocator = None  # keeps the Python wrapper alive with the process
 
-    def canonical(self, conf: str) -> str:
-        # The C ABI has no parse-only call, so "identical" is judged on the items as written.
-        return ",".join(f"{k}:{v}" for k, v in sorted(_conf.conf_to_dict(conf).items()))
-
-    def validate(self, conf: str) -> None:
-        # Configuring the process-wide allocator parses the options; it stays unused (and no CUDA
-        # work happens) until PyTorch's CUDA init calls the init hook.
-        self._lib.configure(conf)
-
     def install(self, conf: str) -> None:
         import torch
 
+        # Fixes the options of the process-wide allocator; it stays unused (and no CUDA work happens)
+        # until PyTorch's CUDA init calls the init hook.
+        self._lib.configure(conf)
         allocator = torch.cuda.memory.CUDAPluggableAllocator(
             str(self._lib.path), "streamalloc_malloc", "streamalloc_free")
         hooks = allocator.allocator()  # torch._C._CUDAPluggableAllocator
@@ -143,6 +116,14 @@ class CAbiPath(_Reports):
         hooks.set_base_alloc_fn(self._lib.address("streamalloc_base_alloc"))
         torch.cuda.memory.change_current_allocator(allocator)
         self._torch_allocator = allocator
+
+    def install_again(self, conf: str) -> None:
+        # configure() again: nothing with the same options, an error naming the keys that differ. The
+        # options parsed already, so that error is about the state, as on the extension path.
+        try:
+            self._lib.configure(conf)
+        except _native.ConfigError as error:
+            raise RuntimeError(str(error)) from None
 
 
 class _State:
@@ -197,21 +178,13 @@ def _import_torch_with_cuda():
     return torch
 
 
-def _name_the_source(message: str, options: dict, conf_given: bool) -> str:
-    """The native parser says "in STREAMALLOC_CONF"; say where the bad item really came from."""
-    where = " in STREAMALLOC_CONF"
-    if any(f"'{key}'" in message for key in options):
-        return message.replace(where, " (a keyword argument of streamalloc.enable())")
-    if conf_given:
-        return message.replace(where, " in the conf string passed to streamalloc.enable()")
-    return message
-
-
-def _describe_difference(enabled: str, asked: str) -> str:
-    before, after = _conf.conf_to_dict(enabled), _conf.conf_to_dict(asked)
-    changes = [f"{key}: enabled with {before.get(key, '(default)')!r}, now asked for {after.get(key, '(default)')!r}"
-               for key in sorted(before.keys() | after.keys()) if before.get(key) != after.get(key)]
-    return "; ".join(changes)
+ENABLE_CONF_SOURCE = "the conf string passed to streamalloc.enable()"
+KEYWORD_SOURCE = "the keyword arguments of streamalloc.enable()"
+NO_DEVICE_MESSAGE = (
+    "streamalloc: enabled, but this process sees no CUDA device, so streamalloc will serve no GPU "
+    "memory (stats() reports zeros)"
+)
+_log = logging.getLogger("streamalloc")
 
 
 def enable(conf: str | None = None, **options: object) -> None:
@@ -224,38 +197,44 @@ def enable(conf: str | None = None, **options: object) -> None:
     RuntimeError when CUDA is already initialised, when streamalloc was enabled before with other
     options, or when the native library is missing. Enabling again with identical options is a no-op.
     """
-    text = _conf.conf_from_env() if conf is None else conf
-    if not isinstance(text, str):
-        raise TypeError(f"streamalloc.enable(): conf must be a str, got {type(text).__name__}")
-    text = _conf.merge_conf(text, options)
+    if conf is None:
+        enable_from(_conf.conf_from_env(), _conf.CONF_VARIABLE, options)
+    else:
+        enable_from(conf, ENABLE_CONF_SOURCE, options)
+
+
+def enable_from(conf: str, source: str, options: dict | None = None) -> None:
+    """enable() with the options of `conf`, whose errors name `source` (where the string came from:
+    "STREAMALLOC_CONF", "--conf", ...), and `options` on top."""
+    if not isinstance(conf, str):
+        raise TypeError(f"streamalloc.enable(): conf must be a str, got {type(conf).__name__}")
+    keywords = _conf.options_conf(options or {})
     # torch first: it loads the CUDA runtime and libtorch that both native paths link against (a pip
     # torch carries its own libcudart). Importing it does no CUDA work.
     torch = _import_torch_with_cuda()
     with _state.lock:
         path = _choose_path()
-        try:
-            canonical = path.canonical(text)
-            if _state.enabled_conf is None:
-                path.validate(text)
-        except _native.ConfigError as error:
-            raise _native.ConfigError(_name_the_source(str(error), options, conf is not None)) from None
+        resolved = path.resolve("", conf, source)
+        if keywords:
+            resolved = path.resolve(resolved["conf"], keywords, KEYWORD_SOURCE)
+        canonical, settings = resolved["conf"], resolved["options"]
         if _state.enabled_conf is not None:
-            if canonical == _state.enabled_conf:
-                return
-            raise RuntimeError(
-                "streamalloc is already enabled with other options ("
-                f"{_describe_difference(_state.enabled_conf, canonical)}). The allocator's options are fixed "
-                "for the life of the process: call enable() once, or again with the same options.")
-        if _conf.conf_to_dict(canonical).get("backend") == "sim":
+            path.install_again(canonical)  # the native rule: same options or refuse
+            return
+        if settings.get("backend") == "sim":
             raise _native.ConfigError(
                 "streamalloc: backend:sim simulates a device in host memory and cannot serve PyTorch's CUDA "
                 "tensors; use backend:cuda or backend:auto with PyTorch")
         if torch.cuda.is_initialized():
             raise RuntimeError(TOO_LATE_MESSAGE)
-        path.install(text)
+        path.install(canonical)
         _state.enabled_conf = canonical
-        if _conf.conf_to_dict(canonical).get("check_sync") in ("1", "true"):
+        if settings.get("check_sync") == "1":
             _sync_trace.forward_to(path)
+    # Said once, at the first enable. device_count() asks NVML first, which initialises no CUDA context
+    # (the program may still fork); PyTorch's lazy CUDA init stays untouched either way.
+    if torch.cuda.device_count() == 0:
+        _log.warning(NO_DEVICE_MESSAGE)
 
 
 def is_enabled() -> bool:

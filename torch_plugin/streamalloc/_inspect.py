@@ -2,8 +2,9 @@
 its memory.
 
 All of them read the allocator that enable() installed, whichever path serves it. Before PyTorch has
-initialised CUDA the allocator does not exist yet, and (like torch.cuda.memory_stats()) they report
-nothing rather than initialising CUDA as a side effect.
+initialised CUDA (or on a machine without a CUDA device) the allocator does not exist yet, and they
+report an allocator that has served nothing, in the same shape as one in use (stats() with every
+number zero, no blocks), rather than initialising CUDA as a side effect.
 """
 
 from __future__ import annotations
@@ -40,10 +41,11 @@ def _device_index(device: Device) -> int:
 def stats(device: Device = None) -> dict:
     """Statistics of one device: {"memory_stats": {torch.cuda.memory_stats() keys},
     "stream_stats": {record_stream calls, fences, pending blocks per stream, ...}}.
-    Empty before PyTorch has initialised CUDA."""
+    The same keys with every number zero before PyTorch has initialised CUDA."""
     path = _enable.enabled_path()
     if not path.is_initialized():
-        return {}
+        _device_index(device)  # a bad device argument is still an error
+        return json.loads(path.zero_stats_json())
     return json.loads(path.stats_json(_device_index(device)))
 
 

@@ -133,16 +133,18 @@ def main(argv: list[str] | None = None) -> int:
     if parsed.script is not None and not os.path.exists(parsed.script):
         print(f"streamalloc: can't open file {parsed.script!r}: no such file", file=sys.stderr)
         return 2
-    if parsed.conf is not None:
-        os.environ[_conf.CONF_VARIABLE] = parsed.conf
-
     from . import _enable
 
     try:
-        _enable.enable()
+        if parsed.conf is None:
+            _enable.enable()  # STREAMALLOC_CONF
+        else:
+            _enable.enable_from(parsed.conf, "--conf")
     except (RuntimeError, ValueError, TypeError) as error:
-        print(f"streamalloc: {error}", file=sys.stderr)
+        print(error, file=sys.stderr)  # streamalloc's messages carry their own "streamalloc" prefix
         return 2
+    if parsed.conf is not None:
+        os.environ[_conf.CONF_VARIABLE] = parsed.conf  # for the program and its children
     try:
         _run(parsed)
     finally:

@@ -20,14 +20,11 @@ import json
 import os
 from pathlib import Path
 from types import ModuleType
+from typing import NamedTuple
 
 LIBRARY_DIR_VARIABLE = "STREAMALLOC_LIBRARY_DIR"
 C_LIBRARY_NAME = "libstreamalloc.so"
 EXTENSION_NAME = "_torch_ext"
-
-# streamalloc_last_error_code() values (streamalloc.h).
-_ERROR_CODES = {1: "out of memory", 2: "invalid argument", 3: "configuration error", 4: "device error",
-                5: "shut down"}
 
 
 class StreamallocError(RuntimeError):
@@ -85,39 +82,99 @@ def load_extension(path: Path) -> ModuleType:
     return module
 
 
+class Function(NamedTuple):
+    """One function of streamalloc.h as Python binds it.
+
+    name: the C name without "streamalloc_" (the Python method's name); restype, argtypes: ctypes.
+    errors: how a failure shows. "status": an int result, nonzero on failure; "string": a malloc'ed
+    char*, NULL on failure, returned as str and released; "pointer": NULL on failure (but also for
+    size 0); "always": any call may set the last error; "none": not checked (the check_sync notes,
+    which are no-ops unless check_sync:1).
+    shared: the extension module _torch_ext has the same function under the same name, so both
+    install paths forward it to their native object unchanged.
+    """
+
+    name: str
+    restype: object
+    argtypes: tuple
+    errors: str
+    shared: bool = False
+
+
+_stream = ctypes.c_void_p
+# The C ABI as Python sees it: CLibrary's methods and both install paths' pass-throughs come from
+# this one table. (The functions PyTorch calls through their addresses, such as init and
+# set_memory_fraction, are passed to it by CLibrary.address() and need no entry here.)
+ABI: tuple[Function, ...] = (
+    Function("malloc", ctypes.c_void_p, (ctypes.c_size_t, ctypes.c_int, _stream), "pointer"),
+    Function("free", None, (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, _stream), "always"),
+    Function("record_stream", None, (ctypes.c_void_p, _stream), "always"),
+    Function("empty_cache", None, (), "always"),
+    Function("configure", ctypes.c_int, (ctypes.c_char_p,), "status"),
+    Function("resolve_conf", ctypes.c_void_p, (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p), "string",
+             shared=True),
+    Function("backend_is_cuda", ctypes.c_int, (), "none"),
+    Function("stats_json", ctypes.c_void_p, (ctypes.c_int,), "string", shared=True),
+    Function("zero_stats_json", ctypes.c_void_p, (), "string", shared=True),
+    Function("snapshot_json", ctypes.c_void_p, (), "string", shared=True),
+    Function("pending_history_json", ctypes.c_void_p, (ctypes.c_int,), "string", shared=True),
+    Function("options_json", ctypes.c_void_p, (), "string"),
+    Function("reset_peak_stats", None, (ctypes.c_int,), "always", shared=True),
+    Function("validate", ctypes.c_int, (), "status", shared=True),
+    Function("note_event_record", None, (ctypes.c_void_p, _stream), "none", shared=True),
+    Function("note_event_wait", None, (ctypes.c_void_p, _stream), "none", shared=True),
+    Function("note_stream_synchronize", None, (_stream,), "none", shared=True),
+    Function("note_device_synchronize", None, (), "none", shared=True),
+)
+SHARED = frozenset(f.name for f in ABI if f.shared)
+
+# Declared for CLibrary's own use: strings are released with free_string, errors read back with these.
+_PLUMBING = (
+    Function("free_string", None, (ctypes.c_void_p,), "none"),
+    Function("last_error", ctypes.c_char_p, (), "none"),
+    Function("last_error_code", ctypes.c_int, (), "none"),
+    Function("error_name", ctypes.c_char_p, (ctypes.c_int,), "none"),
+)
+
+
 class CLibrary:
-    """ctypes binding of streamalloc.h. Methods raise instead of returning error codes."""
+    """ctypes binding of streamalloc.h, one method per ABI entry (named without "streamalloc_").
+    Methods raise instead of returning error codes: ConfigError for the library's "config" errors,
+    StreamallocError (with .code, the header's number) for the others."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self._lib = ctypes.CDLL(str(self.path))
-        c_stream = ctypes.c_void_p
-        self._declare("streamalloc_malloc", ctypes.c_void_p, [ctypes.c_size_t, ctypes.c_int, c_stream])
-        self._declare("streamalloc_free", None, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, c_stream])
-        self._declare("streamalloc_record_stream", None, [ctypes.c_void_p, c_stream])
-        self._declare("streamalloc_empty_cache", None, [])
-        self._declare("streamalloc_configure", ctypes.c_int, [ctypes.c_char_p])
-        self._declare("streamalloc_backend_is_cuda", ctypes.c_int, [])
-        # The JSON functions return malloc'ed strings that must go back through free_string, so they
-        # are declared as void* (ctypes would otherwise copy and leak them).
-        self._declare("streamalloc_stats_json", ctypes.c_void_p, [ctypes.c_int])
-        self._declare("streamalloc_snapshot_json", ctypes.c_void_p, [])
-        self._declare("streamalloc_pending_history_json", ctypes.c_void_p, [ctypes.c_int])
-        self._declare("streamalloc_options_json", ctypes.c_void_p, [])
-        self._declare("streamalloc_free_string", None, [ctypes.c_void_p])
-        self._declare("streamalloc_reset_peak_stats", None, [ctypes.c_int])
-        self._declare("streamalloc_validate", ctypes.c_int, [])
-        self._declare("streamalloc_note_event_record", None, [ctypes.c_void_p, c_stream])
-        self._declare("streamalloc_note_event_wait", None, [ctypes.c_void_p, c_stream])
-        self._declare("streamalloc_note_stream_synchronize", None, [c_stream])
-        self._declare("streamalloc_note_device_synchronize", None, [])
-        self._declare("streamalloc_last_error", ctypes.c_char_p, [])
-        self._declare("streamalloc_last_error_code", ctypes.c_int, [])
+        for function in ABI + _PLUMBING:
+            fn = getattr(self._lib, "streamalloc_" + function.name)
+            fn.restype = function.restype
+            fn.argtypes = list(function.argtypes)
+        for function in ABI:
+            setattr(self, function.name, self._bind(function))
 
-    def _declare(self, name: str, restype, argtypes) -> None:
-        fn = getattr(self._lib, name)
-        fn.restype = restype
-        fn.argtypes = argtypes
+    def _bind(self, function: Function):
+        fn = getattr(self._lib, "streamalloc_" + function.name)
+
+        def call(*args):
+            args = tuple(a.encode("utf-8") if isinstance(a, str) else a for a in args)
+            result = fn(*args)
+            if function.errors == "string":
+                return self._take_string(result)
+            if function.errors == "status":
+                if result != 0:
+                    self._check()
+                return None
+            if function.errors == "pointer":
+                if not result:
+                    self._check()
+                return result or 0
+            if function.errors == "always":
+                self._check()
+            return result
+
+        call.__name__ = function.name
+        call.__doc__ = f"streamalloc_{function.name}() of streamalloc.h"
+        return call
 
     def address(self, name: str) -> int:
         """The address of an exported function, for torch's set_*_fn hooks."""
@@ -126,13 +183,19 @@ class CLibrary:
             raise StreamallocError(f"streamalloc: {self.path} does not export {name}")
         return value
 
+    def error_name(self, code: int) -> str | None:
+        """The library's name of an error code ("config", "out_of_memory", ...); None for no code."""
+        name = self._lib.streamalloc_error_name(code)
+        return name.decode("ascii") if name else None
+
     def _check(self) -> None:
         code = self._lib.streamalloc_last_error_code()
         if code != 0:
             message = (self._lib.streamalloc_last_error() or b"").decode("utf-8", "replace")
-            if code == 3:
+            name = self.error_name(code)
+            if name == "config":
                 raise ConfigError(message)
-            raise StreamallocError(message or f"streamalloc: {_ERROR_CODES.get(code, 'error')}", code)
+            raise StreamallocError(message or f"streamalloc: {name or 'error'} (code {code})", code)
 
     def _take_string(self, raw: int | None) -> str:
         if not raw:
@@ -143,66 +206,9 @@ class CLibrary:
         finally:
             self._lib.streamalloc_free_string(raw)
 
-    def configure(self, conf: str) -> None:
-        if self._lib.streamalloc_configure(conf.encode("utf-8")) != 0:
-            self._check()
-
     def is_initialized(self) -> bool:
         """True once the process-wide allocator exists (PyTorch's lazy CUDA init creates it)."""
-        return self._lib.streamalloc_backend_is_cuda() >= 0
-
-    def backend_is_cuda(self) -> bool:
-        return self._lib.streamalloc_backend_is_cuda() == 1
-
-    def stats_json(self, device: int) -> str:
-        return self._take_string(self._lib.streamalloc_stats_json(device))
-
-    def snapshot_json(self) -> str:
-        return self._take_string(self._lib.streamalloc_snapshot_json())
-
-    def pending_history_json(self, device: int) -> str:
-        return self._take_string(self._lib.streamalloc_pending_history_json(device))
+        return self.backend_is_cuda() >= 0
 
     def options(self) -> dict:
-        return json.loads(self._take_string(self._lib.streamalloc_options_json()))
-
-    def reset_peak_stats(self, device: int) -> None:
-        self._lib.streamalloc_reset_peak_stats(device)
-        self._check()
-
-    def empty_cache(self) -> None:
-        self._lib.streamalloc_empty_cache()
-        self._check()
-
-    def validate(self) -> None:
-        if self._lib.streamalloc_validate() != 0:
-            self._check()
-
-    # check_sync: synchronization streamalloc did not make itself (no-ops unless check_sync:1).
-    def note_event_record(self, event: int, stream: int) -> None:
-        self._lib.streamalloc_note_event_record(event, stream)
-
-    def note_event_wait(self, event: int, stream: int) -> None:
-        self._lib.streamalloc_note_event_wait(event, stream)
-
-    def note_stream_synchronize(self, stream: int) -> None:
-        self._lib.streamalloc_note_stream_synchronize(stream)
-
-    def note_device_synchronize(self) -> None:
-        self._lib.streamalloc_note_device_synchronize()
-
-    # Direct use of the allocator (tests and tools on the simulated device; PyTorch calls these
-    # through the addresses it was given).
-    def malloc(self, size: int, device: int = 0, stream: int = 0) -> int:
-        ptr = self._lib.streamalloc_malloc(size, device, stream)
-        if not ptr:
-            self._check()
-        return ptr or 0
-
-    def free(self, ptr: int, size: int = 0, device: int = -1, stream: int = 0) -> None:
-        self._lib.streamalloc_free(ptr, size, device, stream)
-        self._check()
-
-    def record_stream(self, ptr: int, stream: int) -> None:
-        self._lib.streamalloc_record_stream(ptr, stream)
-        self._check()
+        return json.loads(self.options_json())
