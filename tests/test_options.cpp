@@ -345,6 +345,14 @@ TEST(OptionsParse, UpdateAppliesAStringOnTopOfTheOptions) {
   expect_same(options, before);
 }
 
+TEST(OptionsParse, ResolveIsAStringOnTopOfAnother) {
+  const Options o = Options::resolve("audit:off,poison:free", "audit:warn", "the overrides");
+  EXPECT_EQ(o.audit, AuditMode::kWarn);
+  EXPECT_EQ(o.poison, PoisonMode::kFree);
+  EXPECT_NE(config_error([] { Options::resolve("", "nope:1", "the overrides"); }).find("in the overrides;"),
+            std::string::npos);
+}
+
 TEST(OptionsParse, ConfFromEnvironmentIsTheConfVariable) {
   const char* saved = std::getenv(kConfVariable);
   const std::string previous = saved ? saved : "";

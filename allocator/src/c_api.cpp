@@ -223,10 +223,8 @@ int streamalloc_configure(const char* conf) {
 
 char* streamalloc_resolve_conf(const char* base, const char* conf, const char* source) {
   return guarded_string([&] {
-    const std::string where = source ? source : "the conf string";
-    streamalloc::Options options = streamalloc::Options::parse(base ? base : "", where);
-    options.update(conf ? conf : "", where);
-    return options.to_json();
+    return streamalloc::Options::resolve(base ? base : "", conf ? conf : "", source ? source : "the conf string")
+        .to_json();
   });
 }
 

@@ -344,6 +344,12 @@ Options Options::parse(std::string_view conf, std::string_view source) {
   return options;
 }
 
+Options Options::resolve(std::string_view base, std::string_view conf, std::string_view source) {
+  Options options = parse(base, source);
+  options.update(conf, source);
+  return options;
+}
+
 void Options::update(std::string_view conf, std::string_view source) {
   Options updated = *this;  // a rejected item leaves the options unchanged
   std::set<std::string, std::less<>> seen;

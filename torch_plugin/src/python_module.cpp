@@ -53,11 +53,7 @@ PyObject* resolve_conf(PyObject*, PyObject* args) {
   const char* conf = nullptr;
   const char* source = nullptr;
   if (!PyArg_ParseTuple(args, "sss", &base, &conf, &source)) return nullptr;
-  return guarded([&] {
-    streamalloc::Options options = streamalloc::Options::parse(base, source);
-    options.update(conf, source);
-    return to_str(options.to_json());
-  });
+  return guarded([&] { return to_str(streamalloc::Options::resolve(base, conf, source).to_json()); });
 }
 
 PyObject* zero_stats_json(PyObject*, PyObject*) {

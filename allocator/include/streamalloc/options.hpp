@@ -59,6 +59,9 @@ struct Options {
   // an empty string gives the defaults. Throws Error(kConfig) naming the key and accepted values, and
   // `source`, where the string came from ("STREAMALLOC_CONF", "--conf", ...).
   static Options parse(std::string_view conf, std::string_view source = "the conf string");
+  // The options `conf` sets on top of those `base` sets (its keys win), as the bindings resolve a conf
+  // string and then keyword arguments (streamalloc_resolve_conf(), the extension's resolve_conf()).
+  static Options resolve(std::string_view base, std::string_view conf, std::string_view source);
   // Apply the items of `conf` on top of these options: its keys win over the current values (a key
   // given twice within `conf` is still an error). The only splitter of conf strings in C++.
   void update(std::string_view conf, std::string_view source);
