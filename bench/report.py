@@ -520,7 +520,7 @@ def main(argv):
         scenario_section(runs, "same_stream", "same_stream: cached alloc+free pair",
                          "ns per alloc+free pair on one stream, after a warm-up pair.", reference),
         scenario_section(runs, "cross_stream", "cross_stream: alloc, record_stream, free",
-                         "ns per alloc + record_stream(other stream) + free: the seed's pattern.", reference,
+                         "ns per alloc + record_stream(other stream) + free: the prefetch pipeline's pattern.", reference,
                          (("peak_reserved", "peak reserved", fmt_bytes),)),
         scenario_section(runs, "mixed_sizes", "mixed_sizes: random alloc/free, many live blocks",
                          "ns per alloc or free; sizes log-uniform 1 KiB .. 4 MiB, up to `max_live` live blocks.",
