@@ -7,7 +7,8 @@ Three ways, each from a virtual environment that sees this machine's packages (a
 torch would): without the .pth; with it installed and the switch unset (what every other Python
 process of the machine pays); with it installed and STREAMALLOC_ENABLE=1 (the hook module loads,
 torch is not imported). Runs are interleaved (the order rotates each round) so that drift of a busy
-machine hits every way alike; each way's median and quartiles are printed. The package comes from
+machine hits every way alike; each way's median and quartiles are printed, of the wall time and of the
+CPU time (user + system) of the child, which a busy machine disturbs less. The package comes from
 this repository's torch_plugin/ (PYTHONPATH), as in the tests.
 """
 
@@ -48,10 +49,16 @@ def environment(switch: bool) -> dict[str, str]:
     return env
 
 
-def time_once(python: Path, env: dict[str, str]) -> float:
+def time_once(python: Path, env: dict[str, str]) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user + system) of one `python -c pass`."""
     start = time.perf_counter()
-    subprocess.run([str(python), "-c", "pass"], env=env, check=True)
-    return time.perf_counter() - start
+    child = subprocess.Popen([str(python), "-c", "pass"], env=env)
+    _, status, usage = os.wait4(child.pid, 0)
+    wall = time.perf_counter() - start
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode != 0:
+        raise RuntimeError(f"{python} -c pass exited {child.returncode}")
+    return wall, usage.ru_utime + usage.ru_stime
 
 
 def quartiles(samples: list[float]) -> tuple[float, float, float]:
@@ -75,21 +82,25 @@ def main() -> int:
         }
         for python, env in ways.values():  # warm the file cache
             time_once(python, env)
-        samples: dict[str, list[float]] = {name: [] for name in ways}
+        samples: dict[str, dict[str, list[float]]] = {name: {"wall": [], "cpu": []} for name in ways}
         names = list(ways)
         for i in range(args.runs):
             for name in names[i % len(names):] + names[:i % len(names)]:
-                samples[name].append(time_once(*ways[name]))
+                wall, cpu = time_once(*ways[name])
+                samples[name]["wall"].append(wall)
+                samples[name]["cpu"].append(cpu)
 
-    base = statistics.median(samples["no .pth"])
-    print(f"python -c pass, {args.runs} starts per way, interleaved; {platform.python_version()}, "
-          f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}")
+    print(f"python -c pass, {args.runs} starts per way, interleaved; Python {platform.python_version()}, "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     result = {"runs": args.runs, "python": platform.python_version(), "cpus": os.cpu_count(), "ways": {}}
-    for name, values in samples.items():
-        q1, median, q3 = quartiles(values)
-        result["ways"][name] = {"median_ms": median * 1e3, "q1_ms": q1 * 1e3, "q3_ms": q3 * 1e3}
-        print(f"  {name:28s} median {median * 1e3:7.2f} ms  (quartiles {q1 * 1e3:.2f}-{q3 * 1e3:.2f})  "
-              f"{(median - base) * 1e3:+.2f} ms")
+    for kind in ("wall", "cpu"):
+        base = statistics.median(samples["no .pth"][kind])
+        print(f" {kind} time:")
+        for name in ways:
+            q1, median, q3 = quartiles(samples[name][kind])
+            result["ways"].setdefault(name, {})[kind] = {"median_ms": median * 1e3, "q1_ms": q1 * 1e3, "q3_ms": q3 * 1e3}
+            print(f"  {name:28s} median {median * 1e3:8.2f} ms  (quartiles {q1 * 1e3:.2f}-{q3 * 1e3:.2f})  "
+                  f"{(median - base) * 1e3:+.2f} ms")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0
