@@ -34,7 +34,7 @@ MAX_TRACE_BYTES = 2 * 1000 * 1000
 HISTORY_ENTRIES = 5_000_000  # enough to keep every event of these workloads (the buffer keeps the newest)
 
 
-# ---- the side-stream prefetcher of the seed (copy, wait_stream, record_stream) ----
+# ---- the side-stream prefetcher (copy, wait_stream, record_stream) ----
 
 class Prefetcher:
     def __init__(self, torch, host_batches):
