@@ -128,6 +128,22 @@ def test_explicit_enable_with_the_same_options_is_a_no_op(venv_python):
     assert result.stdout.split()[0] in ("enabled", "failed:")
 
 
+@requires_torch
+@requires_native
+def test_an_explicit_enable_that_imports_torch_keeps_its_own_options(venv_python):
+    import torch
+
+    if torch.version.cuda is None:
+        pytest.skip("enable() needs a CUDA build of PyTorch")
+    result = run_in(venv_python, """
+        import streamalloc, streamalloc._autoenable as auto
+        streamalloc.enable(audit="warn")   # imports torch: the switch leaves the installing to this call
+        print(auto.outcome(), "audit:warn" in streamalloc.enabled_conf())
+    """, "1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["explicit", "True"]
+
+
 SPAWN = """
     import multiprocessing as mp
 

@@ -24,7 +24,8 @@ import sys
 
 SWITCH_VARIABLE = "STREAMALLOC_ENABLE"
 
-# None: torch not imported yet; "enabled"; or "failed: <reason>".
+# None: torch not imported yet; "enabled"; "explicit" (torch was imported by an enable() call, which
+# installs the allocator with its own options); or "failed: <reason>".
 _outcome: str | None = None
 
 
@@ -33,8 +34,20 @@ def switch_is_set(environ=os.environ) -> bool:
 
 
 def outcome() -> str | None:
-    """What the switch did in this process: None before torch was imported, "enabled", or "failed: ..."."""
+    """What the switch did in this process: None before torch was imported, "enabled", "explicit"
+    (an explicit streamalloc.enable() imported torch and installed the allocator itself), or "failed: ..."."""
     return _outcome
+
+
+def _inside_explicit_enable() -> bool:
+    """True when torch is being imported by streamalloc.enable() itself (the program, or the launcher,
+    enabled it before importing torch): that call installs the allocator with the options it was given."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "enable" and frame.f_globals.get("__name__") == "streamalloc._enable":
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _enable_now() -> None:
@@ -51,6 +64,14 @@ def _enable_now() -> None:
         _outcome = f"failed: {error}"
         print(f"streamalloc: {SWITCH_VARIABLE} is set but streamalloc was not enabled in this process: {error}",
               file=sys.stderr)
+
+
+def _torch_imported(explicit: bool) -> None:
+    global _outcome
+    if explicit:
+        _outcome = "explicit"
+    else:
+        _enable_now()
 
 
 class _TorchImportHook:
@@ -87,7 +108,7 @@ class _TorchImportHook:
                 except AttributeError:
                     pass
             _remove()
-            _enable_now()
+            _torch_imported(explicit=_inside_explicit_enable())
 
         loader.exec_module = exec_module
         return spec
