@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What streamalloc's diagnostic modes cost on the seed's training loop (examples/train_with_prefetcher.py).
+"""What streamalloc's diagnostic modes cost on the copy-overlap training loop (examples/train_with_prefetcher.py).
 
     python3 bench/audit_overhead.py [--reps 5] [--steps 1000] [--warmup-steps 100] [--samples 8192]
         [--trace] [--config NAME ...] [--cudnn-benchmark] [--json OUT] [--markdown OUT] [--require-gpu]
@@ -16,7 +16,7 @@ about 12.5 s (3 s of them timed; the rest is importing torch, CUDA and cuDNN ini
 so the default 6 configurations x 5 repetitions take about 6.5 minutes; --trace adds audit:trace (every
 allocation event logged to a temp file), another minute; --reps 3 takes about 4 minutes.
 
-The issue's bar: audit:warn costs at most 5% of the throughput of streamalloc's defaults. The losses of
+The budget: audit:warn costs at most 5% of the throughput of streamalloc's defaults. The losses of
 every run are also compared with native's: in the default deterministic mode the allocator, poisoning
 included, must not change a bit.
 

@@ -1,4 +1,4 @@
-// cross_stream: the seed's pattern. A block is allocated on stream A, used on stream B
+// cross_stream: the prefetch pipeline's pattern. A block is allocated on stream A, used on stream B
 // (record_stream), and freed: the allocator must keep it from reuse until B's work is done. Native
 // PyTorch records one event per (block, stream) at free time and polls it on the next malloc;
 // streamalloc batches one fence per stream. One item = alloc + record_stream + free.

@@ -1,4 +1,4 @@
-// streamalloc_demo: the seed's prefetch pipeline (../docs/record-stream.md) run through streamalloc, then
+// streamalloc_demo: the prefetch pipeline (../docs/record-stream.md) run through streamalloc, then
 // a per-block stream report. A prefetch stream fills each batch, the compute stream waits on an event and
 // reads it, the batch is record_stream'ed on the compute stream and freed at once, as a training loop does
 // when the Python reference is overwritten. Runs on the GPU when one is present, else on the simulated
@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
                      "usage: %s [--iterations N] [--conf STREAMALLOC_CONF] [--backend auto|cuda|sim] [--rows N]\n"
                      "          [--variant fixed|missing-wait|missing-record-stream] [--snapshot PATH]\n"
                      "          [--timeline PATH]\n"
-                     "Runs the seed's multi-stream prefetch pipeline through streamalloc and prints a per-block\n"
+                     "Runs a multi-stream prefetch pipeline through streamalloc and prints a per-block\n"
                      "stream report and the stream statistics. --snapshot also writes a snapshot (JSON) when the\n"
                      "report is printed; streamalloc_report PATH prints its table. --timeline records the pending\n"
                      "bytes per stream (pending_history) and writes them (JSON) at the end; python -m\n"

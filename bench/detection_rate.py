@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How often each debug option catches the seed's bugs: every pipeline example under each configuration,
+"""How often each debug option catches the prefetch pipeline's bugs: every pipeline example under each configuration,
 run --runs times, one process each.
 
     python3 bench/detection_rate.py [--runs 8] [--json OUT] [--markdown OUT] [--require-gpu]

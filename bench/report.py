@@ -389,7 +389,7 @@ def targets_section(context, runs, replays, torch_empty):
                                                                   if unrecorded else "")
         rows.append([label, "<= 1x", "n/a", "not measured: " + why])
     return ("## Targets\n\n" + table(["target", "goal", "measured", "status"], rows)
-            + "\n\nWhat limits each missed target, and what was profiled and changed: "
+            + "\n\nWhat limits each missed target: "
               "[benchmarking.md, \"Where the targets stand\"](benchmarking.md#where-the-targets-stand-h200-2026-11-30-second-run).\n")
 
 
@@ -519,7 +519,7 @@ def main(argv):
         scenario_section(runs, "same_stream", "same_stream: cached alloc+free pair",
                          "ns per alloc+free pair on one stream, after a warm-up pair.", reference),
         scenario_section(runs, "cross_stream", "cross_stream: alloc, record_stream, free",
-                         "ns per alloc + record_stream(other stream) + free: the seed's pattern.", reference,
+                         "ns per alloc + record_stream(other stream) + free: the prefetch pipeline's pattern.", reference,
                          (("peak_reserved", "peak reserved", fmt_bytes),)),
         scenario_section(runs, "mixed_sizes", "mixed_sizes: random alloc/free, many live blocks",
                          "ns per alloc or free; sizes log-uniform 1 KiB .. 4 MiB, up to `max_live` live blocks.",

@@ -1,4 +1,4 @@
-// streamalloc_soak: the seed's prefetch pipeline with random sizes on several stream pairs for a time
+// streamalloc_soak: the prefetch pipeline with random sizes on several stream pairs for a time
 // (or an iteration count), with every byte every consumer reads checked (soak_workload.hpp says what
 // runs). Ends by freeing everything and checking that nothing leaked and validate() passes. Runs on the
 // GPU when one is present, else on the simulated device, and says which.
@@ -40,7 +40,7 @@ struct Args {
 constexpr const char* kUsage =
     "usage: %s [--seconds S] [--iterations N] [--streams K] [--seed N] [--max-size BYTES]\n"
     "          [--conf STREAMALLOC_CONF] [--backend auto|cuda|sim] [--json PATH]\n"
-    "Runs the seed's prefetch pipeline with random sizes (log-uniform, 512 B to --max-size, default 64M)\n"
+    "Runs the prefetch pipeline with random sizes (log-uniform, 512 B to --max-size, default 64M)\n"
     "on K prefetch/compute stream pairs (default 4, at most 256) until S seconds (default 10; 0 = no\n"
     "bound) or N iterations (default 0 = no bound) have passed, checking every byte every consumer\n"
     "reads; then frees everything and checks for leaks. BYTES is at least 512 and takes a K, M or G\n"

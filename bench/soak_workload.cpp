@@ -70,7 +70,7 @@ void* SoakWorkload::allocate(std::size_t bytes, std::size_t stream) {
   return ptr;
 }
 
-// The host-to-device copy of the seed's pipeline, then the event its consumers wait on.
+// The host-to-device copy of the prefetch pipeline, then the event its consumers wait on.
 void SoakWorkload::produce(void* ptr, std::size_t bytes, unsigned char value, std::size_t stream) {
   device_.fill(ptr, bytes, value, streams_[stream]);
   device_.backend()->record_event(0, ready_[stream], streams_[stream]);
@@ -98,7 +98,7 @@ void SoakWorkload::iterate() {
   const std::size_t prefetch = 2 * pair;
   const std::size_t compute = 2 * pair + 1;
 
-  // The seed's pipeline: fill on prefetch, read on compute, record_stream, free at once on prefetch.
+  // The prefetch pipeline: fill on prefetch, read on compute, record_stream, free at once on prefetch.
   const std::size_t bytes = random_size();
   void* batch = allocate(bytes, prefetch);
   produce(batch, bytes, batch_value(i), prefetch);

@@ -1,4 +1,4 @@
-// SoakWorkload: the seed's prefetch pipeline (docs/record-stream.md) with random sizes on several
+// SoakWorkload: the prefetch pipeline (docs/record-stream.md) with random sizes on several
 // stream pairs, plus the traffic that stresses stream tracking: blocks kept alive across iterations and
 // freed later (some on another stream than their allocation stream), consumers on a third stream,
 // empty_cache() between iterations. Every consume checks every byte it reads; a byte another

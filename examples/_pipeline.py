@@ -1,4 +1,4 @@
-"""What the seed pipeline examples share: synthetic batches, the consumer's computation, a reference
+"""What the prefetch pipeline examples share: synthetic batches, the consumer's computation, a reference
 to check every step against, and the summary they print.
 
 The examples run under plain `python` (PyTorch's own allocator) or under `python -m streamalloc`;

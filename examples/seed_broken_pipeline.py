@@ -1,7 +1,6 @@
-"""The seed's broken prefetch pipeline (shared/seeds/000_*.txt, section 4.1): the batch is copied on a
-prefetch stream and consumed on a compute stream that never waits for the copy. record_stream is
-there, which keeps the memory from early reuse, but it orders nothing: the consumer reads the batch
-before it has landed.
+"""The prefetch pipeline, broken: the batch is copied on a prefetch stream and consumed on a compute
+stream that never waits for the copy. record_stream is there, which keeps the memory from early
+reuse, but it orders nothing: the consumer reads the batch before it has landed.
 
     python examples/seed_broken_pipeline.py                                   # silently wrong
     python -m streamalloc --conf poison:both examples/seed_broken_pipeline.py  # loudly NaN
@@ -23,7 +22,7 @@ from _pipeline import Pipeline, parse_args
 
 
 def main() -> None:
-    args = parse_args(__doc__.splitlines()[0], delay_cycles=2_000_000)
+    args = parse_args(__doc__.split("\n\n")[0], delay_cycles=2_000_000)
     p = Pipeline(args)
     prefetch_stream = torch.cuda.Stream()
     compute_stream = torch.cuda.Stream()

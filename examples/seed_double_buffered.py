@@ -1,7 +1,7 @@
-"""The seed's double-buffered pipeline (shared/seeds/000_*.txt, section 4.3), written so that it is
-correct: while the compute stream works on one buffer, the prefetch stream fills the other. Each
-buffer has its own "filled" event, so the consumer of a buffer waits for that buffer's copy and for
-nothing else, and every batch is record_stream'ed on the compute stream.
+"""The prefetch pipeline, double-buffered and correct: while the compute stream works on one buffer,
+the prefetch stream fills the other. Each buffer has its own "filled" event, so the consumer of a
+buffer waits for that buffer's copy and for nothing else, and every batch is record_stream'ed on the
+compute stream.
 
     python examples/seed_double_buffered.py
     python -m streamalloc --conf poison:both examples/seed_double_buffered.py
@@ -13,7 +13,7 @@ from _pipeline import Pipeline, parse_args
 
 
 def main() -> None:
-    args = parse_args(__doc__.splitlines()[0])
+    args = parse_args(__doc__.split("\n\n")[0])
     p = Pipeline(args)
     prefetch_stream = torch.cuda.Stream()
     compute_stream = torch.cuda.Stream()

@@ -1,7 +1,6 @@
-"""The seed's fixed prefetch pipeline (shared/seeds/000_*.txt, section 4.2): the compute stream waits
-on an event recorded after the copy (execution order), and the batch is record_stream'ed on the
-compute stream (memory lifetime). Both the slow copy and the long kernel of the broken examples are
-kept, and every step is still right.
+"""The prefetch pipeline, fixed: the compute stream waits on an event recorded after the copy
+(execution order), and the batch is record_stream'ed on the compute stream (memory lifetime). The
+slow copy and the long kernel of the broken examples are kept, and every step is still right.
 
     python examples/seed_fixed_pipeline.py
     python -m streamalloc --conf poison:both,audit:warn examples/seed_fixed_pipeline.py
@@ -16,7 +15,7 @@ from _pipeline import Pipeline, parse_args
 
 
 def main() -> None:
-    args = parse_args(__doc__.splitlines()[0])
+    args = parse_args(__doc__.split("\n\n")[0])
     p = Pipeline(args)
     prefetch_stream = torch.cuda.Stream()
     compute_stream = torch.cuda.Stream()

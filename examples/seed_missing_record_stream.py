@@ -1,7 +1,7 @@
-"""The seed's other half of the bug (shared/seeds/000_*.txt, sections 1.3 and 3.2): the compute stream
-waits for the copy, but nobody tells the allocator that the batch is used on the compute stream. When
-the loop drops its reference, the memory goes back to the prefetch stream's pool and the next copy
-overwrites it while the compute stream, behind a long kernel, has not read it yet.
+"""The prefetch pipeline without record_stream: the compute stream waits for the copy, but nobody
+tells the allocator that the batch is used on the compute stream. When the loop drops its reference,
+the memory goes back to the prefetch stream's pool and the next copy overwrites it while the compute
+stream, behind a long kernel, has not read it yet.
 
     python examples/seed_missing_record_stream.py        # silently wrong
     python -m streamalloc --conf poison:free,quarantine_mb:64 examples/seed_missing_record_stream.py
@@ -17,7 +17,7 @@ from _pipeline import Pipeline, parse_args
 
 
 def main() -> None:
-    args = parse_args(__doc__.splitlines()[0])
+    args = parse_args(__doc__.split("\n\n")[0])
     p = Pipeline(args)
     prefetch_stream = torch.cuda.Stream()
     compute_stream = torch.cuda.Stream()

@@ -1,9 +1,10 @@
-"""The seed's training loop with a side-stream prefetcher (shared/seeds/004_*.txt), on a small conv net
-and synthetic data (nothing is downloaded).
+"""The copy-overlap training loop: a small conv net on synthetic data (nothing is downloaded), whose
+side-stream prefetcher copies the next batch from pinned memory (non_blocking) while the current one
+trains.
 
-The prefetcher copies the next batch on its own stream while the current one trains. The seed's loop
-orders the copy with wait_stream but never calls record_stream, so a batch's memory can be reused by
-the next copy while the default stream still trains on it; this version adds the record_stream.
+The default stream orders itself after each copy with wait_stream, and each batch is
+record_stream'ed on the default stream, so its memory is not handed to the next copy while the
+default stream still trains on it (a loop without that record_stream has exactly that race).
 
     python examples/train_with_prefetcher.py
     python -m streamalloc examples/train_with_prefetcher.py
@@ -89,7 +90,7 @@ def synthetic_dataset(samples: int, seed: int) -> TensorDataset:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--samples", type=int, default=2048)
     parser.add_argument("--batch-size", type=int, default=64)

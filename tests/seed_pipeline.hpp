@@ -1,7 +1,7 @@
-// The seed's prefetch pipeline (../shared/seeds/000) on the simulated device, shared by the tests: a
-// producer stream fills a batch, a consumer stream reads it, the batch is freed and the next one
-// allocated. Manual mode lets the test put the producer ahead of the consumer, the timing under which
-// the seed's author saw random NaNs.
+// The prefetch pipeline on the simulated device, shared by the tests: a producer stream fills a
+// batch, a consumer stream reads it, the batch is freed and the next one allocated. Manual mode lets
+// the test put the producer ahead of the consumer, the timing under which a pipeline missing its
+// wait_event or record_stream reads wrong data (random NaNs and loss spikes on a GPU).
 #pragma once
 
 #include <cstring>
@@ -17,7 +17,7 @@ struct PipelineOptions {
   bool record_stream = true;    // batch recorded on the consumer before it is freed
   bool consumer_first = false;  // run the consumer's queued work before the producer's each step
   int consumer_lag = 4;         // the consumer runs only every N iterations (it is slow)
-  bool double_buffered = false; // the seed's 4.3 variant: one event per buffer, consumer one batch behind
+  bool double_buffered = false; // double-buffered: one event per buffer, consumer one batch behind
 };
 
 struct PipelineResult {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write a synthetic allocation trace of the seed's training pipeline, so that trace replay runs on
+"""Write a synthetic allocation trace of a training loop fed by a side-stream prefetcher, so that trace replay runs on
 any machine (CI, the simulated device) without a recorded workload.
 
     python3 bench/traces/make_synthetic.py [--steps 40] [--seed 7] [-o bench/traces/synthetic_pipeline.trace]
@@ -7,8 +7,8 @@ any machine (CI, the simulated device) without a recorded workload.
 The workload, per step (trace streams: 0 = compute, 1 = prefetch side stream, 2 = a gradient
 communication stream):
   * the prefetcher allocates the next batch (inputs + labels) on stream 1; the compute stream uses it
-    (`r ... 0`), and it is freed when the step that consumed it ends: the seed's
-    copy / wait_stream / record_stream pattern, so those frees must wait for a fence;
+    (`r ... 0`), and it is freed when the step that consumed it ends: the
+    copy / wait_stream / record_stream pattern of the copy-overlap loop, so those frees must wait for a fence;
   * forward: one activation per layer on stream 0 (layer sizes fixed, so steps repeat like a real
     model), plus short-lived temporaries;
   * backward: activations freed in reverse order while gradient temporaries come and go; parameter

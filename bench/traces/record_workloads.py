@@ -7,7 +7,7 @@ streamalloc_replay. Run on the GPU machine (no network needed):
 
 Workloads (each in a fresh process, so the allocator starts empty and its peaks are its own):
   resnet50     torchvision ResNet-50, random init, synthetic ImageNet-sized data, batch 32, 20 training
-               steps, fed by the seed's side-stream prefetcher (copy on a side stream, wait_stream,
+               steps, fed by a side-stream prefetcher (copy on a side stream, wait_stream,
                record_stream)
   gpt2         transformers GPT-2 (GPT2Config(n_layer=6), random init, nothing downloaded), batch 8 x
                512 tokens, 10 AdamW steps, same prefetcher
@@ -34,7 +34,7 @@ MAX_TRACE_BYTES = 2 * 1000 * 1000
 HISTORY_ENTRIES = 5_000_000  # enough to keep every event of these workloads (the buffer keeps the newest)
 
 
-# ---- the side-stream prefetcher of the seed (copy, wait_stream, record_stream) ----
+# ---- the side-stream prefetcher (copy, wait_stream, record_stream) ----
 
 class Prefetcher:
     def __init__(self, torch, host_batches):

@@ -1,5 +1,5 @@
-// A LibTorch program with streamalloc as its CUDA allocator: the seed's fixed prefetch pipeline
-// (prefetch stream copies the next batch; the compute stream waits on an event, then record_stream
+// A LibTorch program with streamalloc as its CUDA allocator: the fixed prefetch pipeline (the
+// prefetch stream copies the next batch; the compute stream waits on an event, then record_stream
 // tells the allocator the batch is used there), followed by streamalloc's stream statistics.
 //
 //   ./libtorch_pipeline [steps] [conf]      e.g.  ./libtorch_pipeline 200 audit:warn
@@ -27,6 +27,15 @@ void wait_for(const c10::cuda::CUDAStream& waiter, const c10::cuda::CUDAStream& 
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && (std::string(argv[1]) == "-h" || std::string(argv[1]) == "--help")) {
+    std::printf(
+        "usage: %s [steps] [conf]\n\n"
+        "Runs the fixed prefetch pipeline for `steps` steps (default 200) with streamalloc as the CUDA\n"
+        "allocator, configured by `conf` (\"key:value,...\", e.g. audit:warn; default: the defaults),\n"
+        "then prints streamalloc's stream statistics. Without a CUDA device it installs streamalloc and exits.\n",
+        argv[0]);
+    return 0;
+  }
   const int steps = argc > 1 ? std::atoi(argv[1]) : 200;
   const std::string conf = argc > 2 ? argv[2] : "";
   try {

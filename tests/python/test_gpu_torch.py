@@ -57,7 +57,7 @@ def test_record_stream_contract(allocator):
         assert out["stream_stats"]["record_stream_calls"] == 2
 
 
-# ---- the seed's pipelines ----
+# ---- the prefetch pipelines ----
 
 @pytest.fixture(scope="module")
 def native_pipelines():

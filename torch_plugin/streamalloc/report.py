@@ -105,7 +105,7 @@ def _us(limit: int) -> str:
 
 
 def stream_hints(stream_stats: dict) -> list[str]:
-    """What the stream stats suggest fixing (the seed's checklist: record_stream only where a tensor
+    """What the stream stats suggest fixing (the checklist: record_stream only where a tensor
     crosses streams, once, while it is still alive)."""
     hints = []
     if stream_stats.get("record_stream_on_alloc_stream", 0):
