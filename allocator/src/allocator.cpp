@@ -25,15 +25,6 @@ std::string hex(std::uintptr_t value) { return fmt::format("{:#x}", value); }
 
 }  // namespace
 
-const char* to_string(BlockInfo::State state) {
-  switch (state) {
-    case BlockInfo::State::kAllocated: return "active_allocated";
-    case BlockInfo::State::kPendingFree: return "active_pending_free";
-    case BlockInfo::State::kFree: return "inactive";
-  }
-  return "inactive";
-}
-
 Allocator::Allocator(Options options, std::shared_ptr<Backend> backend)
     : options_(std::move(options)), backend_(std::move(backend)) {
   if (!backend_) throw Error(ErrorCode::kConfig, "streamalloc: Allocator needs a backend (got null)");
@@ -178,9 +169,6 @@ std::string Allocator::pending_history_json(int device) const { return pending_h
 void Allocator::validate() const {
   for (const auto& c : caches_) c->validate();
 }
-
-void Allocator::capture_begin(int device) { cache(device).capture_begin(); }
-void Allocator::capture_end(int device) { cache(device).capture_end(); }
 
 void Allocator::note_event_record(std::uintptr_t event, Stream stream) {
   if (internals_->sync) internals_->sync->on_event_record(event, stream);

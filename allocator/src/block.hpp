@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "streamalloc/stats.hpp"
+#include "streamalloc/types.hpp"
 #include "streamalloc/types.hpp"
 
 namespace streamalloc {

@@ -174,14 +174,6 @@ void* streamalloc_base_alloc(void* ptr, size_t* size) {
   return base;
 }
 
-void streamalloc_capture_begin(int device) {
-  guarded([&] { instance().capture_begin(device); });
-}
-
-void streamalloc_capture_end(int device) {
-  guarded([&] { instance().capture_end(device); });
-}
-
 void streamalloc_note_event_record(void* event, streamalloc_stream_t stream) {
   guarded([&] { instance().note_event_record(reinterpret_cast<std::uintptr_t>(event), to_stream(stream)); });
 }

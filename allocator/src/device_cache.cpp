@@ -308,10 +308,6 @@ void DeviceCache::make_pending(Block* block) {
   // Rule 6: while any stream captures a graph no event is queried; the batch is fenced after capture.
   // Asking the device about every stream costs two runtime calls per stream, so it is asked only when
   // a fence pass is due.
-  if (captures_underway_ > 0) {
-    ++stats_.frees_deferred_capture;
-    return;
-  }
   if (block->since - last_fence_pass_ < kFenceBatchWindow) return;
   if (any_stream_capturing()) {
     ++stats_.frees_deferred_capture;
@@ -404,18 +400,7 @@ void DeviceCache::finish_fence(FenceQueue& queue, Fence& fence) {
   }
 }
 
-void DeviceCache::capture_begin() {
-  Lock lock(mutex_);
-  ++captures_underway_;
-}
-
-void DeviceCache::capture_end() {
-  Lock lock(mutex_);
-  if (captures_underway_ > 0) --captures_underway_;
-}
-
 bool DeviceCache::any_stream_capturing() {
-  if (captures_underway_ > 0) return true;
   for (auto& [stream, q] : queues_) {
     if (backend_.is_capturing(device_, stream)) return true;
   }

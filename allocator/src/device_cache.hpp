@@ -17,7 +17,7 @@
 #include "free_index.hpp"
 #include "live_map.hpp"
 #include "pending_recorder.hpp"
-#include "streamalloc/allocator.hpp"
+#include "streamalloc/blocks.hpp"
 #include "streamalloc/backend.hpp"
 #include "streamalloc/options.hpp"
 #include "streamalloc/stats.hpp"
@@ -53,10 +53,6 @@ class DeviceCache {
   double memory_fraction() const;
   void process_fences();
   void synchronize_fences();
-  // A graph capture began/ended on some stream of this device (PyTorch's beginAllocateToPool). Covers
-  // captures on streams the cache has never seen, which any_stream_capturing() cannot ask about.
-  void capture_begin();
-  void capture_end();
   void release_all();  // teardown and shutdown: every segment without live blocks goes back
 
   DeviceStats stats() const;
@@ -172,7 +168,6 @@ class DeviceCache {
   bool accumulated_reset_ = false;
   std::deque<Block*> quarantine_;  // FIFO of freed blocks held back from reuse (quarantine_mb)
   std::size_t quarantine_bytes_ = 0;
-  int captures_underway_ = 0;  // reported by capture_begin/capture_end
   // Frees with uses poll and record fences at most once per window (docs/design.md, "Fences").
   static constexpr std::chrono::microseconds kFenceBatchWindow{20};
   Clock::time_point last_fence_pass_{};  // validate() then cannot check allocated - freed == current

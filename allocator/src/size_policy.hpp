@@ -4,7 +4,7 @@
 #include <cstddef>
 
 #include "streamalloc/options.hpp"
-#include "streamalloc/stats.hpp"
+#include "streamalloc/types.hpp"
 
 namespace streamalloc::size_policy {
 

@@ -33,9 +33,6 @@ struct Stat {
   void reset_peak() { peak = current; }
 };
 
-// PyTorch's StatType: index 0 = aggregate ("all"), 1 = small pool, 2 = large pool.
-enum class PoolKind : int { kAggregate = 0, kSmall = 1, kLarge = 2 };
-inline constexpr int kPoolKinds = 3;
 using StatArray = std::array<Stat, kPoolKinds>;
 
 // name, COUNT|SUM, meaning (PyTorch's names; served as torch.cuda.memory_stats() keys)
