@@ -1,10 +1,11 @@
-// Allocator: routes calls to the DeviceCache of each device and guards against use after shutdown.
+// Allocator: routes calls to the DeviceCache of each device and refuses them after shutdown.
 #include "streamalloc/allocator.hpp"
 
 #include <atomic>
 #include <spdlog/fmt/fmt.h>
 
 #include "audit.hpp"
+#include "debug_aid.hpp"
 #include "device_cache.hpp"
 #include "logging.hpp"
 #include "sync_checker.hpp"
@@ -32,7 +33,8 @@ Allocator::Allocator(Options options, std::shared_ptr<Backend> backend)
   internals_ = std::make_unique<Internals>(options_);
   const int devices = backend_->device_count();
   for (int d = 0; d < devices; ++d) {
-    caches_.push_back(std::make_unique<DeviceCache>(d, options_, *backend_, internals_->audit, internals_->sync.get()));
+    caches_.push_back(std::make_unique<DeviceCache>(
+        d, options_, *backend_, make_debug_aids(d, options_, *backend_, internals_->audit, internals_->sync.get())));
   }
   log().info("allocator on the {} backend, {} device(s); options: {}", backend_->name(), devices,
              options_.to_conf_string());
