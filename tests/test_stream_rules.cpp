@@ -1,5 +1,5 @@
-// One test per stream rule of docs/design.md §3, on the simulated device in manual mode, where the
-// test decides when each stream's work runs.
+// The stream rules of docs/design.md ("Stream rules"; a RuleN_ test checks rule N), on the simulated
+// device in manual mode, where the test decides when each stream's work runs.
 #include <gtest/gtest.h>
 
 #include <cstring>

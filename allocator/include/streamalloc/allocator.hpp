@@ -1,7 +1,7 @@
 // Allocator: streamalloc's C++ entry point. One DeviceCache per device, each behind its own mutex, so
 // calls are thread-safe and devices do not contend with each other.
 //
-// Stream semantics (docs/design.md has the full story):
+// The stream rules, in short (docs/design.md, "Stream rules", has all six):
 //  - allocate(size, device, stream) returns memory safe for work enqueued on `stream` from now on.
 //  - record_stream(ptr, s) adds s to the streams the block is used on; it records nothing yet.
 //  - deallocate(ptr): with no other streams recorded the block is reusable on its allocation stream at

@@ -13,7 +13,7 @@ namespace streamalloc {
 
 enum class BackendKind { kAuto, kCuda, kSim };
 
-// Which free blocks of other streams an allocation may take (docs/design.md, "Stream semantics").
+// Which free blocks of other streams an allocation may take (docs/design.md, "Stream rules", rule 5).
 enum class CrossStreamReuse {
   kNever,    // like PyTorch's native allocator: only blocks last used on the requesting stream
   kSettled,  // also blocks whose every fence has completed: no new dependency between streams

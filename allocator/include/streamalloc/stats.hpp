@@ -99,7 +99,7 @@ struct DeviceStats {
   std::map<Stream, StreamPending> per_stream;
 
   // Serialized as JSON with PyTorch's flat key names ("allocated_bytes.all.current", ...) under
-  // "memory_stats", plus the stream stats; see docs/stats.md.
+  // "memory_stats", plus the stream stats; see docs/design.md, "Stats".
   std::string to_json() const;
   // PyTorch's flat keys and values only (what torch.cuda.memory_stats() returns), for the plugin.
   std::map<std::string, std::int64_t> flat() const;
