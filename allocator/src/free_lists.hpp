@@ -7,6 +7,7 @@
 // The cache keeps one FreeLists for its segments; a pool with its own segments would keep its own.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 
@@ -60,8 +61,28 @@ class FreeLists {
     return true;
   }
   // Merge two mergeable address neighbours, both out of the index, into the lower one (so that
-  // segment->head stays valid); deletes the higher one and returns the survivor.
-  static Block* merge(Block* a, Block* b);
+  // segment->head stays valid); deletes the higher one and returns the survivor. Inline: a cached
+  // alloc/free pair of a mid-size block merges once.
+  static Block* merge(Block* a, Block* b) {
+    Block* low = a->address < b->address ? a : b;
+    Block* high = low == a ? b : a;
+    if (low->settled != high->settled) {
+      // The merged block keeps the owned block's state (stream, fence sequence) and settles with it.
+      const Block* owner = low->settled ? high : low;
+      low->stream = owner->stream;
+      low->settle_seq = owner->settle_seq;
+      low->settled = false;
+      high->settle_seq = owner->settle_seq;
+    }
+    low->size += high->size;
+    low->next = high->next;
+    if (low->next) low->next->prev = low;
+    // An owned merge settles only when the later of the two batches has been fenced.
+    low->settle_seq = std::max(low->settle_seq, high->settle_seq);
+    low->since = std::max(low->since, high->since);
+    delete high;
+    return low;
+  }
 
   bool contains_owned(Block* block) const { return owned_[pool_index(block->segment->pool)].contains(block); }
   bool contains_settled(Block* block) const { return settled_[pool_index(block->segment->pool)].contains(block); }
