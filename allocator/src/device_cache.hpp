@@ -4,18 +4,8 @@
 // fences, kept per stream in a StreamState. Debugging aids hang off one hook pointer (debug_aid.hpp).
 // All public methods lock the cache's mutex.
 //
-// The methods are defined one concept per file:
-//   device_cache.cpp           construction, teardown, the per-stream state
-//   device_cache_allocate.cpp  the allocation path and the out-of-memory report (rules 1, 5)
-//   device_cache_free.cpp      free and record_stream: a block's uses, where a freed block goes (rules 2, 3)
-//   device_cache_free_lists.cpp  entering and leaving the free lists: merging, settling, the hot list,
-//                              blocks held back by an aid
-//   device_cache_fences.cpp    closing batches, polling and waiting for fences, releasing pending
-//                              blocks, the capture rule (rules 3, 4, 6)
-//   device_cache_lifecycle.cpp empty_cache, the memory fraction, giving segments back, teardown
-//   device_cache_stats.cpp     stats and their resets
-//   device_cache_report.cpp    read-only reports and the misuse diagnostics of a bad free
-//   device_cache_validate.cpp  validate(): every invariant, from the block table
+// The methods are defined one concept per file, device_cache_<concept>.cpp; docs/design.md ("Layers")
+// says which file owns which concept, and the private methods below are grouped the same way.
 #pragma once
 
 #include <chrono>
@@ -112,8 +102,9 @@ class DeviceCache {
   Block* take_hot(StreamState& state, std::size_t size);  // an exact-size hot block, out of the list
   void flush_hot(StreamState& state, std::size_t keep);   // all but the `keep` newest into the free lists
   void flush_all_hot();
-  void hold_back(Block* block);
-  void release_held();
+  void hold_back(Block* block);  // an aid takes it; blocks the aid lets go of enter the free lists
+  void release_held();           // every held block enters the free lists
+  void enter_free_lists_after_hold(const std::vector<Block*>& released);
   // A free block inside a segment that is not entirely free counts as an inactive split (PyTorch's
   // definition); the flag makes counting idempotent. Inline: every cached alloc and free passes here.
   void count_inactive_split(Block* block) {

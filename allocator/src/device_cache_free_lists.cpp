@@ -80,24 +80,24 @@ void DeviceCache::flush_all_hot() {
   for (auto& [stream, state] : streams_) flush_hot(*state, 0);
 }
 
-// An aid holds the block back from reuse; the blocks it lets go of enter the free lists one at a time
-// (a block still marked held is not merged, so none is merged away before its turn).
+// An aid holds the block back from reuse, and may let go of older ones.
 void DeviceCache::hold_back(Block* block) {
   block->held = true;
   count_inactive_split(block);
   std::vector<Block*> released;
   aids_->hold(block, &released);
-  for (Block* b : released) {
-    b->held = false;
-    uncount_inactive_split(b);
-    enter_free_lists(b);
-  }
+  enter_free_lists_after_hold(released);
 }
 
 void DeviceCache::release_held() {
   if (aids_ == nullptr || !aids_->holds_blocks()) return;
   std::vector<Block*> released;
   aids_->release_all(&released);
+  enter_free_lists_after_hold(released);
+}
+
+// One at a time: a block still marked held is not merged, so none is merged away before its turn.
+void DeviceCache::enter_free_lists_after_hold(const std::vector<Block*>& released) {
   for (Block* b : released) {
     b->held = false;
     uncount_inactive_split(b);
