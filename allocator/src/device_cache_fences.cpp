@@ -92,8 +92,8 @@ void DeviceCache::finish_fence(StreamState& state, Fence& fence) {
   }
 }
 
-// The capture rule: the backend says whether a stream captures. Streams the cache has never seen hold
-// no batch, so only known streams are asked.
+// The capture rule: the backend says whether a stream captures. Only streams the cache knows can be
+// asked; a capture on a stream it has never seen goes unnoticed.
 bool DeviceCache::any_stream_capturing() {
   for (auto& [stream, state] : streams_) {
     if (backend_.is_capturing(device_, stream)) return true;
