@@ -321,7 +321,7 @@ class OpRunner {
       case Op::Kind::kCapture:
         // Only streams that already allocated: the Backend answers "is this stream capturing" per
         // stream, so a capture on a stream the allocator has never seen is invisible to it, and its
-        // event queries on other streams would break that capture. docs/design.md rule 6.
+        // event queries on other streams would break that capture. docs/design.md, "Stream rules", rule 6.
         if (allocated_on_[op.stream] || capturing_[op.stream]) set_capture(op.stream, !capturing_[op.stream]);
         break;
       case Op::Kind::kRecordDead: record_dead(op.pick, op.stream); break;

@@ -28,7 +28,7 @@ struct ModelBlock {
 
 class ReferenceModel {
  public:
-  // PyTorch's size classes (docs/design.md §4), used only for the conservative OOM bound below.
+  // PyTorch's size classes (docs/design.md, "Size classes"), used only for the conservative OOM bound below.
   static constexpr std::size_t kSmallRequest = 1 * MiB;
   static constexpr std::size_t kSmallSegment = 2 * MiB;
 

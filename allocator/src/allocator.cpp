@@ -1,10 +1,11 @@
-// Allocator: routes calls to the DeviceCache of each device and guards against use after shutdown.
+// Allocator: routes calls to the DeviceCache of each device and refuses them after shutdown.
 #include "streamalloc/allocator.hpp"
 
 #include <atomic>
 #include <spdlog/fmt/fmt.h>
 
 #include "audit.hpp"
+#include "debug_aid.hpp"
 #include "device_cache.hpp"
 #include "logging.hpp"
 #include "sync_checker.hpp"
@@ -25,15 +26,6 @@ std::string hex(std::uintptr_t value) { return fmt::format("{:#x}", value); }
 
 }  // namespace
 
-const char* to_string(BlockInfo::State state) {
-  switch (state) {
-    case BlockInfo::State::kAllocated: return "active_allocated";
-    case BlockInfo::State::kPendingFree: return "active_pending_free";
-    case BlockInfo::State::kFree: return "inactive";
-  }
-  return "inactive";
-}
-
 Allocator::Allocator(Options options, std::shared_ptr<Backend> backend)
     : options_(std::move(options)), backend_(std::move(backend)) {
   if (!backend_) throw Error(ErrorCode::kConfig, "streamalloc: Allocator needs a backend (got null)");
@@ -41,7 +33,8 @@ Allocator::Allocator(Options options, std::shared_ptr<Backend> backend)
   internals_ = std::make_unique<Internals>(options_);
   const int devices = backend_->device_count();
   for (int d = 0; d < devices; ++d) {
-    caches_.push_back(std::make_unique<DeviceCache>(d, options_, *backend_, internals_->audit, internals_->sync.get()));
+    caches_.push_back(std::make_unique<DeviceCache>(
+        d, options_, *backend_, make_debug_aids(d, options_, *backend_, internals_->audit, internals_->sync.get())));
   }
   log().info("allocator on the {} backend, {} device(s); options: {}", backend_->name(), devices,
              options_.to_conf_string());
@@ -178,9 +171,6 @@ std::string Allocator::pending_history_json(int device) const { return pending_h
 void Allocator::validate() const {
   for (const auto& c : caches_) c->validate();
 }
-
-void Allocator::capture_begin(int device) { cache(device).capture_begin(); }
-void Allocator::capture_end(int device) { cache(device).capture_end(); }
 
 void Allocator::note_event_record(std::uintptr_t event, Stream stream) {
   if (internals_->sync) internals_->sync->on_event_record(event, stream);

@@ -25,7 +25,6 @@ class Audit {
   ~Audit();
   // Whether anything is logged: audit:warn|trace, or check_sync:1 (its warnings go to the same sink).
   bool enabled() const { return logger_ != nullptr && mode_ != AuditMode::kOff; }
-  bool tracing() const { return mode_ == AuditMode::kTrace; }
 
   void record_stream_on_allocation_stream(int device, std::uintptr_t address, Stream stream);
   void record_stream_duplicate(int device, std::uintptr_t address, Stream stream);

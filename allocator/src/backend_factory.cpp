@@ -1,5 +1,5 @@
 // make_backend(): the one place that turns Options::backend into a Backend.
-#include "streamalloc/allocator.hpp"
+#include "streamalloc/backend_factory.hpp"
 #include "streamalloc/sim_backend.hpp"
 
 #ifdef STREAMALLOC_WITH_CUDA

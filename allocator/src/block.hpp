@@ -8,11 +8,11 @@
 #include <cstdint>
 #include <vector>
 
-#include "streamalloc/stats.hpp"
 #include "streamalloc/types.hpp"
 
 namespace streamalloc {
 
+// The steady clock of block ages, fence times and pending history.
 using Clock = std::chrono::steady_clock;
 
 // A timestamp for block ages in reports: CLOCK_MONOTONIC_COARSE (the clock behind steady_clock, at
@@ -45,9 +45,10 @@ struct Block {
   bool counted_inactive_split = false;
   // Allocation stream while allocated/pending; owner stream while free and unsettled.
   Stream stream = 0;
-  // Other streams recorded with record_stream while allocated (usually 0-2 entries).
-  std::vector<Stream> uses;
-  std::uint32_t record_calls = 0;
+  // Other streams the block was used on while allocated (record_stream, or a free on another stream);
+  // usually 0-2 entries.
+  std::vector<Stream> recorded_streams;
+  std::uint32_t record_stream_calls = 0;
   // Pending: fences on other streams still to complete.
   std::uint32_t fences_left = 0;
   // Pending or free-unsettled: the batch sequence number on `stream` whose fence settles the block.
@@ -59,8 +60,8 @@ struct Block {
   Block* settle_prev = nullptr;
   Block* settle_next = nullptr;
   bool in_settle_list = false;
-  // Free but held back from reuse by quarantine_mb (in no index, never merged).
-  bool quarantined = false;
+  // Free but held back from reuse by a debugging aid (quarantine): in no index, never merged.
+  bool held = false;
   // Free, owned by its stream, and parked unmerged in that stream's hot list for an exact-size reuse.
   bool hot = false;
   // check_sync: the allocation stream's tick when the block was handed out.

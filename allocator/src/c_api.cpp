@@ -67,7 +67,7 @@ void clear_error() {
 
 // Run `body`, turning every exception into the thread's last error.
 template <typename F>
-bool guarded(F&& body) {
+bool to_last_error(F&& body) {
   try {
     if (t_last_code != 0) clear_error();  // the common case (no earlier error) touches no string
     body();
@@ -118,9 +118,9 @@ char* copy_string(const std::string& s) {
 // The string `make()` returns, as a malloc'ed copy for streamalloc_free_string(); NULL (and the last
 // error) when it throws.
 template <typename F>
-char* guarded_string(F&& make) {
+char* string_or_last_error(F&& make) {
   std::string s;
-  if (!guarded([&] { s = make(); })) return nullptr;
+  if (!to_last_error([&] { s = make(); })) return nullptr;
   return copy_string(s);
 }
 
@@ -130,28 +130,28 @@ extern "C" {
 
 void* streamalloc_malloc(size_t size, int device, streamalloc_stream_t stream) {
   void* ptr = nullptr;
-  guarded([&] { ptr = instance().allocate(size, device, to_stream(stream)); });
+  to_last_error([&] { ptr = instance().allocate(size, device, to_stream(stream)); });
   return ptr;
 }
 
 void streamalloc_free(void* ptr, size_t size, int device, streamalloc_stream_t stream) {
-  guarded([&] { instance().deallocate(ptr, size, device, to_stream(stream)); });
+  to_last_error([&] { instance().deallocate(ptr, size, device, to_stream(stream)); });
 }
 
 void streamalloc_record_stream(void* ptr, streamalloc_stream_t stream) {
-  guarded([&] { instance().record_stream(ptr, to_stream(stream)); });
+  to_last_error([&] { instance().record_stream(ptr, to_stream(stream)); });
 }
 
 void streamalloc_empty_cache(void) {
-  guarded([&] { instance().empty_cache(); });
+  to_last_error([&] { instance().empty_cache(); });
 }
 
 void streamalloc_set_memory_fraction(double fraction, int device) {
-  guarded([&] { instance().set_memory_fraction(fraction, device); });
+  to_last_error([&] { instance().set_memory_fraction(fraction, device); });
 }
 
 void streamalloc_init(int device_count) {
-  guarded([&] {
+  to_last_error([&] {
     Allocator& a = instance();
     if (device_count > a.device_count()) {
       throw Error(ErrorCode::kConfig, "streamalloc: initialised for " + std::to_string(device_count) +
@@ -163,7 +163,7 @@ void streamalloc_init(int device_count) {
 
 void* streamalloc_base_alloc(void* ptr, size_t* size) {
   void* base = nullptr;
-  guarded([&] {
+  to_last_error([&] {
     base = instance().segment_base(ptr, size);
     if (base == nullptr) {
       throw Error(ErrorCode::kInvalidArgument,
@@ -173,32 +173,24 @@ void* streamalloc_base_alloc(void* ptr, size_t* size) {
   return base;
 }
 
-void streamalloc_capture_begin(int device) {
-  guarded([&] { instance().capture_begin(device); });
-}
-
-void streamalloc_capture_end(int device) {
-  guarded([&] { instance().capture_end(device); });
-}
-
 void streamalloc_note_event_record(void* event, streamalloc_stream_t stream) {
-  guarded([&] { instance().note_event_record(reinterpret_cast<std::uintptr_t>(event), to_stream(stream)); });
+  to_last_error([&] { instance().note_event_record(reinterpret_cast<std::uintptr_t>(event), to_stream(stream)); });
 }
 
 void streamalloc_note_event_wait(void* event, streamalloc_stream_t stream) {
-  guarded([&] { instance().note_event_wait(reinterpret_cast<std::uintptr_t>(event), to_stream(stream)); });
+  to_last_error([&] { instance().note_event_wait(reinterpret_cast<std::uintptr_t>(event), to_stream(stream)); });
 }
 
 void streamalloc_note_stream_synchronize(streamalloc_stream_t stream) {
-  guarded([&] { instance().note_stream_synchronize(to_stream(stream)); });
+  to_last_error([&] { instance().note_stream_synchronize(to_stream(stream)); });
 }
 
 void streamalloc_note_device_synchronize(void) {
-  guarded([&] { instance().note_device_synchronize(); });
+  to_last_error([&] { instance().note_device_synchronize(); });
 }
 
 int streamalloc_configure(const char* conf) {
-  const bool ok = guarded([&] {
+  const bool ok = to_last_error([&] {
     Global& g = global();
     std::lock_guard<std::mutex> lock(g.mutex);
     const streamalloc::Options options =
@@ -222,14 +214,14 @@ int streamalloc_configure(const char* conf) {
 }
 
 char* streamalloc_resolve_conf(const char* base, const char* conf, const char* source) {
-  return guarded_string([&] {
+  return string_or_last_error([&] {
     return streamalloc::Options::resolve(base ? base : "", conf ? conf : "", source ? source : "the conf string")
         .to_json();
   });
 }
 
 void streamalloc_shutdown(void) {
-  guarded([&] {
+  to_last_error([&] {
     Global& g = global();
     std::lock_guard<std::mutex> lock(g.mutex);
     Allocator* a = g.allocator.load(std::memory_order_acquire);
@@ -245,23 +237,23 @@ int streamalloc_backend_is_cuda(void) {
 }
 
 char* streamalloc_stats_json(int device) {
-  return guarded_string([&] { return instance().stats_json(device); });
+  return string_or_last_error([&] { return instance().stats_json(device); });
 }
 
 char* streamalloc_zero_stats_json(void) {
-  return guarded_string([] { return streamalloc::DeviceStats{}.to_json(); });
+  return string_or_last_error([] { return streamalloc::DeviceStats{}.to_json(); });
 }
 
 char* streamalloc_snapshot_json(void) {
-  return guarded_string([&] { return instance().snapshot_json(); });
+  return string_or_last_error([&] { return instance().snapshot_json(); });
 }
 
 char* streamalloc_pending_history_json(int device) {
-  return guarded_string([&] { return instance().pending_history_json(device); });
+  return string_or_last_error([&] { return instance().pending_history_json(device); });
 }
 
 char* streamalloc_block_table(int max_rows) {
-  return guarded_string([&] {
+  return string_or_last_error([&] {
     const std::size_t rows =
         max_rows < 0 ? std::numeric_limits<std::size_t>::max() : static_cast<std::size_t>(max_rows);
     return streamalloc::format_block_report(instance().segments(-1), rows);
@@ -269,7 +261,7 @@ char* streamalloc_block_table(int max_rows) {
 }
 
 char* streamalloc_options_json(void) {
-  return guarded_string([&] {
+  return string_or_last_error([&] {
     nlohmann::json out = nlohmann::json::object();
     for (const auto& [key, value] : instance().options().items()) out[key] = value;
     out["backend_in_use"] = instance().backend().name();
@@ -280,11 +272,11 @@ char* streamalloc_options_json(void) {
 void streamalloc_free_string(char* s) { std::free(s); }
 
 void streamalloc_reset_peak_stats(int device) {
-  guarded([&] { instance().reset_peak_stats(device); });
+  to_last_error([&] { instance().reset_peak_stats(device); });
 }
 
 int streamalloc_validate(void) {
-  bool ok = guarded([&] {
+  bool ok = to_last_error([&] {
     try {
       instance().validate();
     } catch (const std::logic_error& e) {

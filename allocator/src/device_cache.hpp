@@ -1,10 +1,14 @@
-// DeviceCache: the block cache of one device. Segments are split into blocks; free blocks sit in
-// per-stream or settled indexes; freed blocks used on other streams wait as pending for batched
-// fences. All public methods lock the cache's mutex. docs/design.md explains the rules.
+// DeviceCache: the block cache of one device, and the policy of the stream rules (docs/design.md,
+// "Stream rules"). Segments from a SegmentSource are split into blocks; free blocks sit in FreeLists,
+// owned by a stream or settled; blocks freed after use on other streams wait as pending for batched
+// fences, kept per stream in a StreamState. Debugging aids hang off one hook pointer (debug_aid.hpp).
+// All public methods lock the cache's mutex.
+//
+// The methods are defined one concept per file, device_cache_<concept>.cpp; docs/design.md ("Layers")
+// says which file owns which concept, and the private methods below are grouped the same way.
 #pragma once
 
-#include <array>
-#include <deque>
+#include <chrono>
 #include <cstddef>
 #include <map>
 #include <memory>
@@ -13,24 +17,23 @@
 #include <vector>
 
 #include "block.hpp"
+#include "debug_aid.hpp"
 #include "fence_queue.hpp"
-#include "free_index.hpp"
+#include "free_lists.hpp"
 #include "live_map.hpp"
-#include "pending_recorder.hpp"
-#include "streamalloc/allocator.hpp"
+#include "segment_source.hpp"
+#include "stream_state.hpp"
 #include "streamalloc/backend.hpp"
+#include "streamalloc/blocks.hpp"
 #include "streamalloc/options.hpp"
 #include "streamalloc/stats.hpp"
 
 namespace streamalloc {
 
-class Audit;
-class SyncChecker;
-
 class DeviceCache {
  public:
-  // `sync` is the shared happens-before checker, or nullptr when check_sync is off.
-  DeviceCache(int device, const Options& options, Backend& backend, Audit& audit, SyncChecker* sync);
+  // `aids`: the debugging aids the options turn on (make_debug_aids), nullptr when none is.
+  DeviceCache(int device, const Options& options, Backend& backend, std::unique_ptr<DebugAids> aids);
   ~DeviceCache();
   DeviceCache(const DeviceCache&) = delete;
   DeviceCache& operator=(const DeviceCache&) = delete;
@@ -53,10 +56,6 @@ class DeviceCache {
   double memory_fraction() const;
   void process_fences();
   void synchronize_fences();
-  // A graph capture began/ended on some stream of this device (PyTorch's beginAllocateToPool). Covers
-  // captures on streams the cache has never seen, which any_stream_capturing() cannot ask about.
-  void capture_begin();
-  void capture_end();
   void release_all();  // teardown and shutdown: every segment without live blocks goes back
 
   DeviceStats stats() const;
@@ -72,51 +71,40 @@ class DeviceCache {
  private:
   using Lock = std::unique_lock<std::mutex>;
 
-  // ---- allocation path (device_cache_alloc.cpp) ----
+  // ---- the per-stream state (device_cache.cpp)
+  StreamState& stream_state(Stream stream) {
+    if (last_stream_ != nullptr && last_stream_->stream() == stream) return *last_stream_;
+    return find_or_add_stream(stream);
+  }
+  StreamState& find_or_add_stream(Stream stream);
+
+  // ---- allocation path (device_cache_allocate.cpp)
   Block* find_free(PoolKind pool, std::size_t size, Stream stream);
   Block* find_free_after_gpu_wait(PoolKind pool, std::size_t size, Stream stream);
   Block* reserve_segment(PoolKind pool, std::size_t size, Stream stream);
   Block* take(Block* block, std::size_t size, std::size_t requested, Stream stream);
   Block* hand_out(Block* block, std::size_t requested, Stream stream);  // mark allocated, account
-  std::size_t release_free_segments(std::size_t target_bytes);
+  [[noreturn]] void throw_larger_than_device(std::size_t requested);
   [[noreturn]] void throw_out_of_memory(std::size_t requested, std::size_t size, Stream stream);
-  std::size_t memory_cap() const;
 
-  // ---- free path and fences (device_cache.cpp) ----
+  // ---- free path (device_cache_free.cpp)
+  void add_use(Block* block, Stream stream, NewUse how);
   void free_to_owner(Block* block);
-  void make_available(Block* block);    // into the free indexes, or first through the quarantine
-  void enter_free_lists(Block* block);  // settle if its fence completed, merge, index
-  void release_oldest_quarantined();
-  Block* take_hot(FenceQueue& queue, std::size_t size);  // an exact-size hot block, out of the list
-  void flush_hot(FenceQueue& queue, std::size_t keep);     // move all but `keep` newest into free lists
-  void flush_all_hot();
-  void flush_quarantine();
-  bool close_batch(FenceQueue& queue);  // record a fence for the open batch; false if it was empty
-  void check_consumer_waited(const Block* block, Stream consumer);
   void make_pending(Block* block);
-  // pending_history: for each of `count` streams, one sample of its pending stats now.
-  [[gnu::noinline, gnu::cold]] void record_pending_history(Clock::time_point when, const Stream* streams,
-                                                           std::size_t count);
-  void release_pending(Block* block);
-  void settle(Block* block);
-  void mark_settled(Block* block);
-  void poison(const Block* block, Stream stream);
-  void finish_fence(FenceQueue& queue, Fence& fence);
-  void close_batches_and_poll();
-  void synchronize_all_fences(bool for_memory = false);
-  bool any_stream_capturing();
-  FenceQueue& queue(Stream stream) {
-    if (last_queue_ != nullptr && last_queue_->stream() == stream) return *last_queue_;
-    return find_or_add_queue(stream);
-  }
-  FenceQueue& find_or_add_queue(Stream stream);
 
-  // ---- free-index bookkeeping ----
-  Stream settled_key(const Block* block) const;
-  void insert_free(Block* block);
+  // ---- free lists (device_cache_free_lists.cpp)
+  void insert_free(Block* block);  // into the free lists and, when owned, the owner's settle list
   void remove_free(Block* block);
-  Block* merge_free_neighbours(Block* block);
-  bool mergeable(const Block* a, const Block* b) const;
+  Block* merge_free_neighbours(Block* block);  // `block` is out of the lists; returns the merged block
+  void make_available(Block* block);           // into the free lists, unless an aid holds it back
+  void enter_free_lists(Block* block);         // settle if its fence completed, merge, index
+  void settle(Block* block);                   // an owned block whose fence completed
+  Block* take_hot(StreamState& state, std::size_t size);  // an exact-size hot block, out of the list
+  void flush_hot(StreamState& state, std::size_t keep);   // all but the `keep` newest into the free lists
+  void flush_all_hot();
+  void hold_back(Block* block);  // an aid takes it; blocks the aid lets go of enter the free lists
+  void release_held();           // every held block enters the free lists
+  void enter_free_lists_after_hold(const std::vector<Block*>& released);
   // A free block inside a segment that is not entirely free counts as an inactive split (PyTorch's
   // definition); the flag makes counting idempotent. Inline: every cached alloc and free passes here.
   void count_inactive_split(Block* block) {
@@ -132,7 +120,26 @@ class DeviceCache {
     stat_decrease(&DeviceStats::inactive_split_bytes, block->segment->pool, static_cast<std::int64_t>(block->size));
   }
 
-  // ---- stats ----
+  // ---- fences (device_cache_fences.cpp)
+  bool close_batch(StreamState& state);  // record a fence for the open batch; false if it was empty
+  void fence_after_free(const Block* block);
+  void release_pending(Block* block);
+  void finish_fence(StreamState& state, Fence& fence);
+  void close_batches_and_poll();
+  void synchronize_all_fences(bool for_memory = false);
+  bool any_stream_capturing();
+  // For the aids: the pending stats of `count` streams changed at `when`. Out of line and cold.
+  [[gnu::noinline, gnu::cold]] void note_pending_changed(Clock::time_point when, const Stream* streams,
+                                                         std::size_t count);
+
+  // ---- lifecycle (device_cache_lifecycle.cpp)
+  std::size_t release_free_segments(std::size_t target_bytes);
+  std::size_t memory_cap() const;
+  void note_device_total() {
+    if (device_total_ == 0) device_total_ = backend_.memory_info(device_).total_bytes;
+  }
+
+  // ---- stats (device_cache_stats.cpp)
   template <typename F>
   void for_each_stat(F&& visit);
   // The aggregate and the block's pool move together (inline: a pair of calls costs ten of these).
@@ -145,39 +152,32 @@ class DeviceCache {
     (stats_.*field)[pool_index(pool)].decrease(amount);
   }
 
-  // ---- reports (device_cache_report.cpp) ----
+  // ---- reports (device_cache_report.cpp)
   BlockInfo describe(const Block* block, Clock::time_point now) const;
   [[noreturn]] void throw_bad_free(const void* ptr, const char* what) const;
 
   const int device_;
   const Options& options_;
   Backend& backend_;
-  Audit& audit_;
-  SyncChecker* sync_;
   mutable std::mutex mutex_;
 
   double memory_fraction_;
   std::size_t device_total_ = 0;  // cached from the backend on first need
-  std::size_t reserved_ = 0;
 
-  std::map<std::uintptr_t, std::unique_ptr<Segment>> segments_;  // by address
-  LiveMap live_;                                                   // allocated blocks by address
-  // Free blocks: [pool] unsettled blocks by owner stream; settled blocks by settled_key().
-  std::array<FreeIndex, kPoolKinds> unsettled_;
-  std::array<FreeIndex, kPoolKinds> settled_;
-  std::map<Stream, std::unique_ptr<FenceQueue>> queues_;
-  FenceQueue* last_queue_ = nullptr;  // one-entry cache in front of queues_ for the hot path
+  SegmentSource segments_;
+  LiveMap live_;      // allocated blocks by address
+  FreeLists free_;    // free blocks, owned or settled
+  std::map<Stream, std::unique_ptr<StreamState>> streams_;
+  StreamState* last_stream_ = nullptr;  // one-entry cache in front of streams_ for the hot path
   EventPool events_;
   DeviceStats stats_;
-  bool accumulated_reset_ = false;
-  std::deque<Block*> quarantine_;  // FIFO of freed blocks held back from reuse (quarantine_mb)
-  std::size_t quarantine_bytes_ = 0;
-  int captures_underway_ = 0;  // reported by capture_begin/capture_end
-  // Frees with uses poll and record fences at most once per window (docs/design.md, "Fences").
+  bool accumulated_reset_ = false;  // validate() then cannot check allocated - freed == current
+  // Frees with uses poll and record fences at most once per window (docs/design.md, "Fences: batching
+  // and pipelining").
   static constexpr std::chrono::microseconds kFenceBatchWindow{20};
-  Clock::time_point last_fence_pass_{};  // validate() then cannot check allocated - freed == current
-  // Last: a debugging aid, kept out of the way of the fields the hot path reads.
-  PendingRecorder pending_history_;  // pending_history:N (off by default)
+  Clock::time_point last_fence_pass_{};
+  // Last: the debugging aids, out of the way of the fields the hot path reads. Null when all are off.
+  std::unique_ptr<DebugAids> aids_;
 };
 
 }  // namespace streamalloc

@@ -1,4 +1,5 @@
-// DeviceCache: read-only reports (segments, blocks, cache info) and misuse diagnostics.
+// DeviceCache: read-only reports (segments, blocks, cache info, pending history) and the diagnosis of
+// a bad free.
 #include <algorithm>
 #include <spdlog/fmt/fmt.h>
 
@@ -19,8 +20,8 @@ BlockInfo DeviceCache::describe(const Block* block, Clock::time_point now) const
   }
   info.settled = block->state == BlockState::kFree && block->settled;
   info.allocation_stream = block->stream;
-  info.recorded_streams = block->uses;
-  info.record_stream_calls = block->record_calls;
+  info.recorded_streams = block->recorded_streams;
+  info.record_stream_calls = block->record_stream_calls;
   info.pending_fences = block->state == BlockState::kPending ? block->fences_left : 0;
   info.age_ms = std::chrono::duration<double, std::milli>(now - block->since).count();
   return info;
@@ -30,11 +31,11 @@ std::vector<SegmentInfo> DeviceCache::segments() const {
   Lock lock(mutex_);
   const auto now = Clock::now();
   std::vector<SegmentInfo> out;
-  out.reserve(segments_.size());
-  for (const auto& [address, segment] : segments_) {
+  out.reserve(segments_.count());
+  segments_.for_each([&](const Segment* segment) {
     SegmentInfo info;
     info.device = device_;
-    info.address = address;
+    info.address = segment->address;
     info.total_size = segment->size;
     info.is_large = segment->pool == PoolKind::kLarge;
     info.stream = segment->stream;
@@ -47,7 +48,7 @@ std::vector<SegmentInfo> DeviceCache::segments() const {
       info.blocks.push_back(describe(b, now));
     }
     out.push_back(std::move(info));
-  }
+  });
   return out;
 }
 
@@ -61,44 +62,34 @@ void DeviceCache::cache_info(std::size_t* largest_free_block, std::size_t* total
   Lock lock(mutex_);
   std::size_t largest = 0;
   std::size_t total = 0;
-  for (const auto& indexes : {std::cref(unsettled_), std::cref(settled_)}) {
-    for (const FreeIndex& index : indexes.get()) {
-      index.for_each([&](Block* b) {
-        largest = std::max(largest, b->size);
-        total += b->size;
-      });
-    }
-  }
+  free_.for_each([&](const Block* b) {
+    largest = std::max(largest, b->size);
+    total += b->size;
+  });
   if (largest_free_block) *largest_free_block = largest;
   if (total_cached) *total_cached = total;
 }
 
 void* DeviceCache::segment_base(const void* ptr, std::size_t* size) const {
   Lock lock(mutex_);
-  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-  auto it = segments_.upper_bound(address);
-  if (it == segments_.begin()) return nullptr;
-  --it;
-  if (address >= it->first + it->second->size) return nullptr;
-  if (size) *size = it->second->size;
-  return reinterpret_cast<void*>(it->first);
+  const Segment* segment = segments_.containing(reinterpret_cast<std::uintptr_t>(ptr));
+  if (segment == nullptr) return nullptr;
+  if (size) *size = segment->size;
+  return reinterpret_cast<void*>(segment->address);
 }
 
 PendingHistory DeviceCache::pending_history() const {
   Lock lock(mutex_);
-  return pending_history_.history();
+  PendingHistory history;
+  if (aids_ != nullptr) aids_->pending_history(&history);
+  return history;
 }
 
 // Called with the lock held, for a pointer that is not a live block: say which mistake it is.
 void DeviceCache::throw_bad_free(const void* ptr, const char* what) const {
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   const std::string prefix = fmt::format("streamalloc: {}({}) on device {}: ", what, ptr, device_);
-  auto it = segments_.upper_bound(address);
-  const Segment* segment = nullptr;
-  if (it != segments_.begin()) {
-    --it;
-    if (address < it->first + it->second->size) segment = it->second.get();
-  }
+  const Segment* segment = segments_.containing(address);
   if (segment == nullptr) {
     throw Error(ErrorCode::kInvalidArgument,
                 prefix + "the pointer was not allocated by streamalloc on this device (foreign pointer, or the wrong "

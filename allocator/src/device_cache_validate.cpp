@@ -1,10 +1,11 @@
-// DeviceCache::validate(): every invariant of docs/design.md, checked from the block table.
+// DeviceCache::validate(): every invariant of docs/design.md ("Invariants"), checked from the block table.
 // Expensive (walks everything); tests and the fuzzer call it after every step.
 #include <map>
 #include <spdlog/fmt/fmt.h>
 #include <stdexcept>
 
 #include "device_cache.hpp"
+#include "size_policy.hpp"
 
 namespace streamalloc {
 namespace {
@@ -38,17 +39,17 @@ void DeviceCache::validate() const {
   };
   Totals pools[kPoolKinds];
   std::int64_t pending_blocks = 0, pending_bytes = 0, oversize_allocations = 0, oversize_segments = 0;
-  const std::size_t max_split = options_.max_split_size_bytes;
-  auto oversize = [&](std::size_t size) { return max_split != 0 && size >= max_split; };
+  auto oversize = [&](std::size_t size) { return size_policy::is_oversize(size, options_); };
   std::size_t free_blocks[2] = {0, 0};  // unsettled, settled
   std::size_t live_blocks = 0;
-  std::size_t quarantined = 0, quarantined_bytes = 0, hot_blocks = 0, hot_listed = 0;
+  std::size_t held = 0, held_bytes = 0, hot_blocks = 0, hot_listed = 0;
   std::size_t reserved = 0;
 
   // Pending blocks: how many fences (open or in flight) list each one.
   std::map<const Block*, std::uint32_t> fence_refs;
   std::map<Stream, std::pair<std::int64_t, std::int64_t>> per_stream_pending;
-  for (const auto& [stream, q] : queues_) {
+  for (const auto& [stream, state] : streams_) {
+    const FenceQueue* q = &state->fences;
     auto count = [&, stream = stream](const Block* b) {  // (a binding cannot be captured before C++20)
       ++fence_refs[b];
       per_stream_pending[stream].first += 1;
@@ -64,7 +65,7 @@ void DeviceCache::validate() const {
     if (last_seq > q->closed_seq()) broken(device_, "a fence is newer than the stream's closed batch");
     // The settle list: unsettled free blocks of this stream, in sequence order, not yet fenced.
     std::uint64_t previous = 0;
-    for (const Block* b = q->settle_list_head(); b != nullptr; b = b->settle_next) {
+    for (const Block* b = state->settle_list.head(); b != nullptr; b = b->settle_next) {
       if (b->state != BlockState::kFree || b->settled || b->stream != stream) {
         broken(device_, "settle list of stream " + hex(stream) + " holds block " + hex(b->address) +
                             " that is not free and unsettled on that stream");
@@ -76,7 +77,7 @@ void DeviceCache::validate() const {
       }
       previous = b->settle_seq;
     }
-    for (const Block* b : q->hot()) {
+    for (const Block* b : state->hot) {
       if (!b->hot || b->state != BlockState::kFree || b->stream != stream) {
         broken(device_, "hot list of stream " + hex(stream) + " holds block " + hex(b->address) + " that is not parked there");
       }
@@ -88,30 +89,9 @@ void DeviceCache::validate() const {
     check_stat(device_, "per-stream pending_bytes", ps.pending_bytes, expected.second, !accumulated_reset_);
   }
 
-  // The pending history: recorded where a stream's pending stats change, so each stream's newest sample
-  // still in the ring is its pending stats now.
-  if (pending_history_.enabled()) {
-    const PendingHistory history = pending_history_.history();
-    std::map<Stream, const PendingSample*> newest;
-    for (const PendingSample& s : history.samples) newest[s.stream] = &s;
-    for (const auto& [stream, sample] : newest) {
-      auto it = queues_.find(stream);
-      const StreamPending* now = it == queues_.end() ? nullptr : &it->second->pending_stats();
-      if (now == nullptr || sample->pending_bytes != now->pending_bytes.current ||
-          sample->pending_blocks != now->pending_blocks.current) {
-        broken(device_, "pending history of stream " + hex(stream) + " ends at " + std::to_string(sample->pending_bytes) +
-                            " bytes, but the stream has " +
-                            (now == nullptr ? std::string("no fence queue") : std::to_string(now->pending_bytes.current) + " pending"));
-      }
-    }
-    if (history.samples.size() > history.capacity || history.recorded < history.samples.size()) {
-      broken(device_, "pending history holds " + std::to_string(history.samples.size()) + " samples of capacity " +
-                          std::to_string(history.capacity));
-    }
-  }
-
   std::uintptr_t previous_end = 0;
-  for (const auto& [address, segment] : segments_) {
+  for (const Segment* segment : segments_.all()) {
+    const std::uintptr_t address = segment->address;
     if (address < previous_end) broken(device_, "segments overlap at " + hex(address));
     previous_end = address + segment->size;
     reserved += segment->size;
@@ -122,7 +102,7 @@ void DeviceCache::validate() const {
     std::uintptr_t expected_address = address;
     const Block* prev = nullptr;
     for (const Block* b = segment->head; b != nullptr; prev = b, b = b->next) {
-      if (b->segment != segment.get()) broken(device_, "block " + hex(b->address) + " points to the wrong segment");
+      if (b->segment != segment) broken(device_, "block " + hex(b->address) + " points to the wrong segment");
       if (b->prev != prev) broken(device_, "block " + hex(b->address) + " has a wrong prev link");
       if (b->address != expected_address) {
         broken(device_, "segment " + hex(address) + " is not tiled by its blocks at " + hex(expected_address) +
@@ -131,9 +111,8 @@ void DeviceCache::validate() const {
       if (b->size == 0 || b->size % 512 != 0) broken(device_, "block " + hex(b->address) + " has a bad size");
       expected_address += b->size;
       const auto size = static_cast<std::int64_t>(b->size);
-      const int pool = pool_index(segment->pool);
-      const bool in_unsettled = unsettled_[pool].contains(const_cast<Block*>(b));
-      const bool in_settled = settled_[pool].contains(const_cast<Block*>(b));
+      const bool in_unsettled = free_.contains_owned(const_cast<Block*>(b));
+      const bool in_settled = free_.contains_settled(const_cast<Block*>(b));
       const Block* live = live_.find(b->address);
       switch (b->state) {
         case BlockState::kAllocated:
@@ -176,10 +155,10 @@ void DeviceCache::validate() const {
             }
             break;
           }
-          if (b->quarantined) {
-            if (in_unsettled || in_settled || b->in_settle_list) broken(device_, "quarantined block " + hex(b->address) + " is reusable");
-            ++quarantined;
-            quarantined_bytes += b->size;
+          if (b->held) {
+            if (in_unsettled || in_settled || b->in_settle_list) broken(device_, "held block " + hex(b->address) + " is reusable");
+            ++held;
+            held_bytes += b->size;
             if (b->counted_inactive_split != b->is_split()) broken(device_, "inactive_split accounting of block " + hex(b->address));
             if (b->is_split()) {
               t.inactive_split += 1;
@@ -198,7 +177,7 @@ void DeviceCache::validate() const {
             t.inactive_split_bytes += size;
           }
           if (b->counted_inactive_split != b->is_split()) broken(device_, "inactive_split accounting of block " + hex(b->address));
-          if (mergeable(b, b->next)) {
+          if (FreeLists::mergeable(b, b->next)) {
             broken(device_, "adjacent free blocks " + hex(b->address) + " and " + hex(b->next->address) +
                                 " that may merge were left unmerged");
           }
@@ -208,17 +187,12 @@ void DeviceCache::validate() const {
     if (expected_address != address + segment->size) broken(device_, "segment " + hex(address) + " blocks do not add up to its size");
   }
   if (hot_blocks != hot_listed) broken(device_, "a block is marked hot but is in no stream's hot list");
-  if (quarantined != quarantine_.size() || quarantined_bytes != quarantine_bytes_) {
-    broken(device_, "the quarantine FIFO disagrees with the blocks marked quarantined");
-  }
-  if (reserved != reserved_) broken(device_, "reserved byte count disagrees with the segments");
+  if (held != 0 && (aids_ == nullptr || !aids_->holds_blocks())) broken(device_, "a block is held but no aid holds blocks");
+  if (reserved != segments_.reserved_bytes()) broken(device_, "reserved byte count disagrees with the segments");
   if (live_blocks != live_.size()) broken(device_, "the live table holds blocks that are not in any segment");
-  std::size_t indexed[2] = {0, 0};
-  for (int p = 0; p < kPoolKinds; ++p) {
-    indexed[0] += unsettled_[p].size();
-    indexed[1] += settled_[p].size();
+  if (free_.owned_count() != free_blocks[0] || free_.settled_count() != free_blocks[1]) {
+    broken(device_, "a free index holds stale blocks");
   }
-  if (indexed[0] != free_blocks[0] || indexed[1] != free_blocks[1]) broken(device_, "a free index holds stale blocks");
 
   Totals all;
   for (int p = 1; p < kPoolKinds; ++p) {
@@ -238,6 +212,20 @@ void DeviceCache::validate() const {
   check_stat(device_, "pending_bytes", stats_.pending_bytes, pending_bytes, !accumulated_reset_);
   check_stat(device_, "oversize_allocations", stats_.oversize_allocations, oversize_allocations, !accumulated_reset_);
   check_stat(device_, "oversize_segments", stats_.oversize_segments, oversize_segments, !accumulated_reset_);
+
+  // The aids check their own state: the quarantine against the held blocks, the pending history
+  // against each stream's pending stats.
+  if (aids_ != nullptr) {
+    AidCheck check;
+    check.device = device_;
+    check.held_blocks = held;
+    check.held_bytes = held_bytes;
+    check.pending_of = [this](Stream stream) -> const StreamPending* {
+      auto it = streams_.find(stream);
+      return it == streams_.end() ? nullptr : &it->second->fences.pending_stats();
+    };
+    aids_->validate(check);
+  }
 }
 
 }  // namespace streamalloc

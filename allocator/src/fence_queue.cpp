@@ -18,7 +18,6 @@ Event EventPool::acquire() {
     free_.pop_back();
     return event;
   }
-  ++created_;
   return backend_.create_event(device_);
 }
 
@@ -65,41 +64,6 @@ const Fence* FenceQueue::find(std::uint64_t seq) const {
     if (fence.seq == seq) return &fence;
   }
   return nullptr;
-}
-
-void FenceQueue::settle_list_insert(Block* block) {
-  // Blocks almost always join with the newest sequence number, so search from the tail.
-  Block* after = settle_tail_;
-  while (after != nullptr && after->settle_seq > block->settle_seq) after = after->settle_prev;
-  block->settle_prev = after;
-  block->settle_next = after ? after->settle_next : settle_head_;
-  if (block->settle_next) {
-    block->settle_next->settle_prev = block;
-  } else {
-    settle_tail_ = block;
-  }
-  if (after) {
-    after->settle_next = block;
-  } else {
-    settle_head_ = block;
-  }
-  block->in_settle_list = true;
-}
-
-void FenceQueue::settle_list_remove(Block* block) {
-  if (!block->in_settle_list) return;
-  if (block->settle_prev) {
-    block->settle_prev->settle_next = block->settle_next;
-  } else {
-    settle_head_ = block->settle_next;
-  }
-  if (block->settle_next) {
-    block->settle_next->settle_prev = block->settle_prev;
-  } else {
-    settle_tail_ = block->settle_prev;
-  }
-  block->settle_prev = block->settle_next = nullptr;
-  block->in_settle_list = false;
 }
 
 }  // namespace streamalloc

@@ -1,10 +1,10 @@
 // Fences: per (device, stream), a FIFO of events that each cover a batch of frees.
 //
-// A free joins the stream's *open batch* (sequence number open_seq). Closing the batch records one
-// event on the stream; that event is a valid fence for every free in the batch, because an event
-// recorded later than a free only waits for a little more work. Fences complete in stream order, so
-// they are polled oldest-first and polling stops at the first one that has not completed; each
-// stream's queue is independent, so one slow stream never holds up another.
+// A free joins the stream's *open batch*. Closing the batch records one event on the stream; that
+// event is a valid fence for every free in the batch, because an event recorded later than a free
+// only waits for a little more work. Fences complete in stream order, so they are polled oldest-first
+// and polling stops at the first one that has not completed; each stream's queue is independent, so
+// one slow stream never holds up another (docs/design.md, "Stream rules", rule 4).
 #pragma once
 
 #include <cstdint>
@@ -27,13 +27,11 @@ class EventPool {
 
   Event acquire();
   void release(Event event) { free_.push_back(event); }
-  std::size_t created() const { return created_; }
 
  private:
   Backend& backend_;
   int device_;
   std::vector<Event> free_;
-  std::size_t created_ = 0;
 };
 
 struct Fence {
@@ -41,7 +39,6 @@ struct Fence {
   Event event = nullptr;
   std::vector<Block*> pending;  // pending blocks waiting on this fence
   Clock::time_point recorded_at{};
-  bool audited_late = false;    // the audit already reported this fence as long-pending
 };
 
 class FenceQueue {
@@ -49,11 +46,9 @@ class FenceQueue {
   explicit FenceQueue(Stream stream) : stream_(stream) {}
 
   Stream stream() const { return stream_; }
-  std::uint64_t open_seq() const { return open_seq_; }
   std::uint64_t completed_seq() const { return completed_seq_; }
-  // Highest sequence number that has a recorded fence (open_seq - 1).
+  // Highest sequence number that has a recorded fence.
   std::uint64_t closed_seq() const { return open_seq_ - 1; }
-  bool has_open_batch() const { return open_has_members_; }
   const std::deque<Fence>& in_flight() const { return in_flight_; }
   const std::vector<Block*>& open_pending() const { return open_pending_; }
 
@@ -78,11 +73,8 @@ class FenceQueue {
   // Host-wait for the oldest in-flight fence and pop it into `out`; false when none is in flight. One at
   // a time, so that a failing wait leaves every fence not yet handed out in the queue.
   bool synchronize_oldest(Backend& backend, int device, Fence* out);
-  // Pop the fence with sequence `seq` (after the caller waited on it); used by the GPU-wait path.
+  // The in-flight fence with sequence `seq`, or nullptr (used by the GPU-wait path).
   const Fence* find(std::uint64_t seq) const;
-  void mark_completed(std::uint64_t seq) {
-    if (seq > completed_seq_) completed_seq_ = seq;
-  }
   void note_pending_released(const Block* block) {
     pending_.pending_blocks.decrease(1);
     pending_.pending_bytes.decrease(static_cast<std::int64_t>(block->size));
@@ -90,18 +82,11 @@ class FenceQueue {
   StreamPending& pending_stats() { return pending_; }
   const StreamPending& pending_stats() const { return pending_; }
 
-  // ---- hot list: blocks just freed on this stream, kept unmerged so that the next allocation of the
-  // same size takes one back without splitting or merging (the common alloc/free loop) ----
-  static constexpr std::size_t kHotBlocks = 8;
-  std::vector<Block*>& hot() { return hot_; }
-  const std::vector<Block*>& hot() const { return hot_; }
-
-  // ---- unsettled free blocks owned by this stream, kept in settle_seq order ----
-  void settle_list_insert(Block* block);
-  void settle_list_remove(Block* block);
-  Block* settle_list_head() const { return settle_head_; }
-
  private:
+  void mark_completed(std::uint64_t seq) {
+    if (seq > completed_seq_) completed_seq_ = seq;
+  }
+
   Stream stream_;
   std::uint64_t open_seq_ = 1;
   std::uint64_t completed_seq_ = 0;
@@ -109,9 +94,6 @@ class FenceQueue {
   std::vector<Block*> open_pending_;
   std::deque<Fence> in_flight_;
   StreamPending pending_;
-  std::vector<Block*> hot_;
-  Block* settle_head_ = nullptr;
-  Block* settle_tail_ = nullptr;
 };
 
 }  // namespace streamalloc

@@ -1,12 +1,12 @@
 // LiveMap: the table of allocated blocks by address, looked up by every free and record_stream.
 //
 // Why not std::unordered_map: each insert allocates a node and each erase frees it, and a lookup
-// chases a bucket pointer, which together were about a third of a cached alloc+free pair (perf, on
-// the simulated device). This is an open-addressing table with linear probing over one flat array:
-// no allocation on insert or erase once it has grown, one cache line per lookup in the common case.
-// Erase shifts later entries of the probe run back (no tombstones), so lookups never slow down as
-// blocks come and go. Address 0 marks an empty slot: the allocator never hands out address 0.
-// (No such table ships in the Debian or GPU-machine images: abseil and Boost's flat map are absent.)
+// chases a bucket pointer; on the cached alloc+free pair that is a large share of the work. This is an
+// open-addressing table with linear probing over one flat array: no allocation on insert or erase
+// once it has grown, one cache line per lookup in the common case. Erase shifts later entries of the
+// probe run back (no tombstones), so lookups never slow down as blocks come and go. Address 0 marks an
+// empty slot: the allocator never hands out address 0. (A flat hash map library, e.g. abseil's, would
+// be a new dependency for one table.)
 #pragma once
 
 #include <cstddef>

@@ -1,7 +1,7 @@
 // PendingRecorder: a ring of the last N changes of pending bytes per stream (option pending_history:N).
-// The cache calls record() where a stream's StreamPending changes: when a free makes blocks wait for
-// the stream's next fence, and when one of its fences completes. Off (capacity 0) by default; when off,
-// the cache pays one compare per such change.
+// The pending_history aid (pending_history_aid.cpp) calls record() where a stream's StreamPending
+// changes: when a free makes blocks wait for the stream's next fence, and when one of its fences
+// completes. Off (capacity 0) by default; then no aid is made.
 #pragma once
 
 #include <chrono>

@@ -46,20 +46,16 @@ std::size_t segment_size_for(std::size_t rounded) {
 }
 
 bool may_serve(std::size_t block_size, std::size_t rounded, const Options& options) {
-  const std::size_t max_split = options.max_split_size_bytes;
-  if (max_split == 0) return true;
   // Do not carve small requests out of oversize blocks, and do not hand a much larger oversize block
   // to an oversize request: both strand memory that max_split_size was set to protect.
-  if (rounded < max_split && block_size >= max_split) return false;
-  if (rounded >= max_split && block_size >= rounded + kLargeBuffer) return false;
-  return true;
+  if (!is_oversize(rounded, options)) return !is_oversize(block_size, options);
+  return block_size < rounded + kLargeBuffer;
 }
 
 bool should_split(std::size_t block_size, std::size_t rounded, PoolKind pool, const Options& options) {
   const std::size_t remaining = block_size - rounded;
   if (pool == PoolKind::kSmall) return remaining >= kMinBlockSize;
-  const bool oversize = options.max_split_size_bytes != 0 && rounded >= options.max_split_size_bytes;
-  return !oversize && remaining > kSmallSize;
+  return !is_oversize(rounded, options) && remaining > kSmallSize;
 }
 
 }  // namespace streamalloc::size_policy

@@ -1,10 +1,10 @@
-// Size classes and the split rules: PyTorch's proven numbers (docs/design.md §4).
+// Size classes and the split rules: PyTorch's proven numbers (docs/design.md, "Size classes").
 #pragma once
 
 #include <cstddef>
 
 #include "streamalloc/options.hpp"
-#include "streamalloc/stats.hpp"
+#include "streamalloc/types.hpp"
 
 namespace streamalloc::size_policy {
 
@@ -15,6 +15,12 @@ inline constexpr std::size_t kLargeSegment = 20 * MiB;       // segment size for
 inline constexpr std::size_t kMinLargeAlloc = 10 * MiB;      // from here requests get their own segment
 inline constexpr std::size_t kSegmentRounding = 2 * MiB;     // own segments round up to this
 inline constexpr std::size_t kLargeBuffer = 20 * MiB;        // slack tolerated above max_split_size
+
+// Blocks and segments of at least max_split_size are oversize: never split, never carved into smaller
+// requests, counted in oversize_allocations/oversize_segments. The one place that says what oversize is.
+inline bool is_oversize(std::size_t size, const Options& options) {
+  return options.max_split_size_bytes != 0 && size >= options.max_split_size_bytes;
+}
 
 // The size a request occupies: 512-byte multiples, or PyTorch's power-of-two divisions when enabled.
 std::size_t round_size(std::size_t requested, const Options& options);

@@ -4,7 +4,7 @@
 
 namespace streamalloc {
 
-void SyncChecker::merge(Clock& into, const Clock& from) {
+void SyncChecker::merge(VectorClock& into, const VectorClock& from) {
   for (const auto& [stream, tick] : from) {
     Tick& mine = into[stream];
     mine = std::max(mine, tick);
@@ -18,7 +18,7 @@ SyncChecker::Tick SyncChecker::tick(Stream producer) {
 
 void SyncChecker::on_event_record(std::uintptr_t event, Stream stream) {
   std::lock_guard<std::mutex> lock(mutex_);
-  Clock& clock = clocks_[stream];
+  VectorClock& clock = clocks_[stream];
   ++clock[stream];
   events_[event] = clock;
 }
@@ -34,7 +34,7 @@ void SyncChecker::on_event_wait(std::uintptr_t event, Stream waiter) {
 // stream, comes after it. Ticking first makes the producer's writes before the sync count.
 void SyncChecker::on_stream_synchronize(Stream stream) {
   std::lock_guard<std::mutex> lock(mutex_);
-  Clock& clock = clocks_[stream];
+  VectorClock& clock = clocks_[stream];
   ++clock[stream];
   merge(host_, clock);
 }

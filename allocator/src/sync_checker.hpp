@@ -10,7 +10,7 @@
 // A block handed out on stream P at P's tick t is safe for a consumer stream S only when S's clock
 // for P has reached t + 1, i.e. S waited on a record of P made after the allocation (the producer's
 // writes follow the allocation). Otherwise the consumer may read before the producer finished: the
-// missing wait_event of the seed's bug.
+// missing wait_event.
 #pragma once
 
 #include <cstdint>
@@ -37,12 +37,12 @@ class SyncChecker {
   bool ordered_after(Stream consumer, Stream producer, Tick allocated_at) const;
 
  private:
-  using Clock = std::unordered_map<Stream, Tick>;
-  static void merge(Clock& into, const Clock& from);
+  using VectorClock = std::unordered_map<Stream, Tick>;
+  static void merge(VectorClock& into, const VectorClock& from);
   mutable std::mutex mutex_;
-  std::unordered_map<Stream, Clock> clocks_;
-  std::unordered_map<std::uintptr_t, Clock> events_;
-  Clock host_;  // what every stream is ordered after because the host waited for it
+  std::unordered_map<Stream, VectorClock> clocks_;
+  std::unordered_map<std::uintptr_t, VectorClock> events_;
+  VectorClock host_;  // what every stream is ordered after because the host waited for it
 };
 
 }  // namespace streamalloc

@@ -84,8 +84,8 @@ TEST_P(GpuAllocatorPolicy, LiveBlocksHoldTheirDataAndStatsReturnToZero) {
   allocator.validate();
 }
 
-// Rule 3: a block used only on its allocation stream is reusable there at once, busy stream or not:
-// stream order puts the next user behind the last one.
+// Rule 3 (docs/design.md, "Stream rules"): a block used only on its allocation stream is reusable
+// there at once, busy stream or not: stream order puts the next user behind the last one.
 TEST_P(GpuAllocatorPolicy, SameStreamReuseNeedsNoWait) {
   TestStream stream;
   TestEvent spin_done;

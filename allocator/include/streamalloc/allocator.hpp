@@ -1,7 +1,7 @@
 // Allocator: streamalloc's C++ entry point. One DeviceCache per device, each behind its own mutex, so
 // calls are thread-safe and devices do not contend with each other.
 //
-// Stream semantics (docs/design.md has the full story):
+// The stream rules, in short (docs/design.md, "Stream rules", has all six):
 //  - allocate(size, device, stream) returns memory safe for work enqueued on `stream` from now on.
 //  - record_stream(ptr, s) adds s to the streams the block is used on; it records nothing yet.
 //  - deallocate(ptr): with no other streams recorded the block is reusable on its allocation stream at
@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "streamalloc/backend.hpp"
+#include "streamalloc/backend_factory.hpp"
+#include "streamalloc/blocks.hpp"
 #include "streamalloc/options.hpp"
 #include "streamalloc/stats.hpp"
 #include "streamalloc/types.hpp"
@@ -23,36 +25,6 @@
 namespace streamalloc {
 
 class DeviceCache;
-
-// One block as reported by blocks() and snapshots.
-struct BlockInfo {
-  enum class State { kAllocated, kPendingFree, kFree };
-  std::uintptr_t address = 0;
-  std::uintptr_t segment_address = 0;
-  std::size_t size = 0;            // bytes the block occupies
-  std::size_t requested_size = 0;  // bytes the caller asked for (0 when free)
-  State state = State::kFree;
-  bool settled = false;            // free and safe for any stream
-  Stream allocation_stream = 0;    // stream of the last allocation (owner stream when free)
-  std::vector<Stream> recorded_streams;  // other streams recorded on it
-  std::uint32_t record_stream_calls = 0;
-  std::uint32_t pending_fences = 0;      // fences still to complete before reuse
-  double age_ms = 0;                     // since allocated (live) or freed (pending/free)
-};
-
-struct SegmentInfo {
-  int device = 0;
-  std::uintptr_t address = 0;
-  std::size_t total_size = 0;
-  std::size_t allocated_size = 0;
-  std::size_t active_size = 0;
-  std::size_t requested_size = 0;
-  bool is_large = false;
-  Stream stream = 0;  // stream the segment was reserved for
-  std::vector<BlockInfo> blocks;  // in address order
-};
-
-const char* to_string(BlockInfo::State state);  // "active_allocated" | "active_pending_free" | "inactive"
 
 class Allocator {
  public:
@@ -101,12 +73,6 @@ class Allocator {
   // one broken. Expensive: for tests and debugging.
   void validate() const;
 
-  // A CUDA graph capture begins/ends on `device` (the torch plugin forwards PyTorch's
-  // beginAllocateToPool/endAllocateToPool). While one is underway no fence is recorded or queried.
-  // Captures on streams the allocator has already seen are detected without this.
-  void capture_begin(int device);
-  void capture_end(int device);
-
   // Synchronization the allocator did not make itself, for check_sync (no-ops when it is off): the
   // torch plugin forwards PyTorch's GPU trace callbacks here.
   void note_event_record(std::uintptr_t event, Stream stream);
@@ -148,11 +114,5 @@ class Allocator {
   struct Internals;  // audit sink, happens-before checker, shutdown flag
   std::unique_ptr<Internals> internals_;
 };
-
-// The backend `options.backend` selects: kCuda needs the CUDA backend to be built and a device
-// present (else Error(kConfig) saying so); kAuto picks CUDA when available, else the simulated device.
-std::shared_ptr<Backend> make_backend(const Options& options);
-// True when this build includes the CUDA backend.
-bool cuda_backend_built();
 
 }  // namespace streamalloc

@@ -22,7 +22,7 @@ enum class BackendKind { kAuto, kCuda, kSim };
 // set (tests and tools use them) but which are not user options: keys() and describe() list a group.
 enum class OptionGroup { kUser, kSimulator };
 
-// Which free blocks of other streams an allocation may take (docs/design.md, "Stream semantics").
+// Which free blocks of other streams an allocation may take (docs/design.md, "Stream rules", rule 5).
 enum class CrossStreamReuse {
   kNever,    // like PyTorch's native allocator: only blocks last used on the requesting stream
   kSettled,  // also blocks whose every fence has completed: no new dependency between streams

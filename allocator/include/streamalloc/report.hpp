@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "streamalloc/allocator.hpp"
+#include "streamalloc/blocks.hpp"
 
 namespace streamalloc {
 

@@ -33,9 +33,6 @@ struct Stat {
   void reset_peak() { peak = current; }
 };
 
-// PyTorch's StatType: index 0 = aggregate ("all"), 1 = small pool, 2 = large pool.
-enum class PoolKind : int { kAggregate = 0, kSmall = 1, kLarge = 2 };
-inline constexpr int kPoolKinds = 3;
 using StatArray = std::array<Stat, kPoolKinds>;
 
 // name, COUNT|SUM, meaning (PyTorch's names; served as torch.cuda.memory_stats() keys)
@@ -102,7 +99,7 @@ struct DeviceStats {
   std::map<Stream, StreamPending> per_stream;
 
   // Serialized as JSON with PyTorch's flat key names ("allocated_bytes.all.current", ...) under
-  // "memory_stats", plus the stream stats; see docs/stats.md.
+  // "memory_stats", plus the stream stats; see docs/design.md, "Stats".
   std::string to_json() const;
   // PyTorch's flat keys and values only (what torch.cuda.memory_stats() returns), for the plugin.
   std::map<std::string, std::int64_t> flat() const;

@@ -63,11 +63,6 @@ STREAMALLOC_API void streamalloc_shutdown(void);
  * -1 before first use. */
 STREAMALLOC_API int streamalloc_backend_is_cuda(void);
 
-/* A CUDA graph capture begins/ends on `device` (PyTorch's beginAllocateToPool/endAllocateToPool):
- * while one is underway streamalloc records and queries no event. */
-STREAMALLOC_API void streamalloc_capture_begin(int device);
-STREAMALLOC_API void streamalloc_capture_end(int device);
-
 /* check_sync: synchronization made outside the allocator (the torch plugin forwards PyTorch's GPU
  * trace callbacks here). No-ops unless the allocator runs with check_sync:1. */
 STREAMALLOC_API void streamalloc_note_event_record(void* event, streamalloc_stream_t stream);

@@ -16,6 +16,11 @@ using Stream = std::uintptr_t;
 // An event, as an opaque handle owned by a Backend (cudaEvent_t under CUDA).
 using Event = void*;
 
+// The pools segments come from, indexed as PyTorch's StatType: 0 = aggregate ("all", stats only),
+// 1 = small pool (blocks up to 1 MiB, from 2 MiB segments), 2 = large pool.
+enum class PoolKind : int { kAggregate = 0, kSmall = 1, kLarge = 2 };
+inline constexpr int kPoolKinds = 3;
+
 inline constexpr std::size_t KiB = 1024;
 inline constexpr std::size_t MiB = 1024 * KiB;
 inline constexpr std::size_t GiB = 1024 * MiB;

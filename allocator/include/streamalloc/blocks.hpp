@@ -1,0 +1,43 @@
+// The block table as reports see it: one BlockInfo per block, one SegmentInfo per segment. Filled by
+// the device cache, written to snapshots and read back from them, printed by report.hpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "streamalloc/types.hpp"
+
+namespace streamalloc {
+
+// One block as reported by blocks() and snapshots.
+struct BlockInfo {
+  enum class State { kAllocated, kPendingFree, kFree };
+  std::uintptr_t address = 0;
+  std::uintptr_t segment_address = 0;
+  std::size_t size = 0;            // bytes the block occupies
+  std::size_t requested_size = 0;  // bytes the caller asked for (0 when free)
+  State state = State::kFree;
+  bool settled = false;            // free and safe for any stream
+  Stream allocation_stream = 0;    // stream of the last allocation (owner stream when free)
+  std::vector<Stream> recorded_streams;  // other streams recorded on it
+  std::uint32_t record_stream_calls = 0;
+  std::uint32_t pending_fences = 0;      // fences still to complete before reuse
+  double age_ms = 0;                     // since allocated (live) or freed (pending/free)
+};
+
+struct SegmentInfo {
+  int device = 0;
+  std::uintptr_t address = 0;
+  std::size_t total_size = 0;
+  std::size_t allocated_size = 0;
+  std::size_t active_size = 0;
+  std::size_t requested_size = 0;
+  bool is_large = false;
+  Stream stream = 0;  // stream the segment was reserved for
+  std::vector<BlockInfo> blocks;  // in address order
+};
+
+const char* to_string(BlockInfo::State state);  // "active_allocated" | "active_pending_free" | "inactive"
+
+}  // namespace streamalloc

@@ -1,0 +1,199 @@
+// DeviceCache: the allocation path (docs/design.md, "Stream rules" rules 1 and 5, and "Size classes").
+//
+// An allocation tries, in order: the requesting stream's hot list; the best fit among its own stream's
+// free blocks and settled blocks; the same after closing open batches and polling fences; a new segment
+// from the device; (policy `wait`) a block of another stream made safe by a GPU-side wait on its fence;
+// then the OOM path: host-synchronize every fence, retry, release cached segments, retry; then a clear
+// OOM report.
+#include <algorithm>
+#include <cstdint>
+
+#include <spdlog/fmt/fmt.h>
+
+#include "device_cache.hpp"
+#include "logging.hpp"
+#include "size_policy.hpp"
+
+namespace streamalloc {
+
+namespace {
+// Larger than any device: rejects absurd sizes before rounding could overflow.
+constexpr std::size_t kMaxRequest = std::size_t{1} << 56;
+}  // namespace
+
+void* DeviceCache::allocate(std::size_t requested, Stream stream) {
+  Lock lock(mutex_);
+  note_device_total();
+  if (requested > kMaxRequest || requested > device_total_) throw_larger_than_device(requested);
+  StreamState& own = stream_state(stream);  // first sight of a stream checks that it belongs to this device
+  const std::size_t size = size_policy::round_size(requested, options_);
+  if (Block* hot = take_hot(own, size)) return reinterpret_cast<void*>(hand_out(hot, requested, stream)->address);
+  const PoolKind pool = size_policy::pool_for(size);
+  // A large-pool size the hot list cannot serve: the parked blocks join the free lists first, merged
+  // with their neighbours, so the best fit below sees the free memory it would see without the hot
+  // list (parked blocks left out of the best fit fragment the large pool). Small-pool blocks stay
+  // parked: their 2 MiB segments bound what fragmentation can cost, and code cycling through a few
+  // small sizes keeps hitting the list.
+  if (pool == PoolKind::kLarge) flush_hot(own, 0);
+
+  Block* block = find_free(pool, size, stream);
+  if (block == nullptr) {
+    close_batches_and_poll();
+    block = find_free(pool, size, stream);
+  }
+  if (block == nullptr) block = reserve_segment(pool, size, stream);
+  if (block == nullptr && options_.cross_stream_reuse == CrossStreamReuse::kWait) {
+    block = find_free_after_gpu_wait(pool, size, stream);
+  }
+  if (block == nullptr) {
+    ++stats_.num_alloc_retries;
+    release_held();
+    synchronize_all_fences(/*for_memory=*/true);
+    block = find_free(pool, size, stream);
+    if (block == nullptr) {
+      release_free_segments(SIZE_MAX);
+      block = reserve_segment(pool, size, stream);
+    }
+  }
+  if (block == nullptr) throw_out_of_memory(requested, size, stream);
+  return reinterpret_cast<void*>(take(block, size, requested, stream)->address);
+}
+
+// The smaller of the best owned and the best settled fit; ties go to the own stream.
+Block* DeviceCache::find_free(PoolKind pool, std::size_t size, Stream stream) {
+  Block* own = free_.best_owned(pool, stream, size);
+  if (own != nullptr && !size_policy::may_serve(own->size, size, options_)) own = nullptr;
+  Block* settled = free_.best_settled(pool, stream, size);
+  if (settled != nullptr && !size_policy::may_serve(settled->size, size, options_)) settled = nullptr;
+  if (own != nullptr && (settled == nullptr || own->size <= settled->size)) return own;
+  if (settled != nullptr && settled->stream != stream) ++stats_.cross_stream_reuse_settled;
+  return settled;
+}
+
+// Policy `wait`: take the best-fitting owned block of another stream and make `stream` wait on the GPU
+// for the fence that settles it. Adds a dependency between the streams, no host sync.
+Block* DeviceCache::find_free_after_gpu_wait(PoolKind pool, std::size_t size, Stream stream) {
+  if (backend_.is_capturing(device_, stream)) return nullptr;
+  Block* best = nullptr;
+  for (const auto& [other, state] : streams_) {
+    if (other == stream) continue;
+    Block* candidate = free_.best_owned(pool, other, size);
+    if (candidate == nullptr || !size_policy::may_serve(candidate->size, size, options_)) continue;
+    if (best == nullptr || candidate->size < best->size) best = candidate;
+  }
+  if (best == nullptr) return nullptr;
+  StreamState& owner = stream_state(best->stream);
+  if (best->settle_seq > owner.fences.closed_seq()) close_batch(owner);
+  const Fence* fence = owner.fences.find(best->settle_seq);
+  if (fence == nullptr) return nullptr;  // completed meanwhile: the block is settled by the next poll
+  backend_.stream_wait_event(device_, stream, fence->event);
+  if (aids_ != nullptr) aids_->on_gpu_wait(fence->event, stream);
+  ++stats_.fences_waited_gpu;
+  ++stats_.cross_stream_reuse_waited;
+  return best;
+}
+
+Block* DeviceCache::reserve_segment(PoolKind pool, std::size_t size, Stream stream) {
+  const std::size_t segment_size = size_policy::segment_size_for(size);
+  if (segments_.reserved_bytes() + segment_size > memory_cap()) return nullptr;
+  Segment* segment = segments_.reserve(pool, segment_size, stream);
+  if (segment == nullptr) return nullptr;
+  ++stats_.num_device_alloc;
+  stat_increase(&DeviceStats::segment, pool, 1);
+  stat_increase(&DeviceStats::reserved_bytes, pool, static_cast<std::int64_t>(segment_size));
+  if (size_policy::is_oversize(segment_size, options_)) stats_.oversize_segments.increase(1);
+  insert_free(segment->head);
+  return segment->head;
+}
+
+Block* DeviceCache::take(Block* block, std::size_t size, std::size_t requested, Stream stream) {
+  remove_free(block);
+  const PoolKind pool = block->segment->pool;
+  if (size_policy::should_split(block->size, size, pool, options_)) {
+    auto* rest = new Block;
+    rest->address = block->address + size;
+    rest->size = block->size - size;
+    rest->segment = block->segment;
+    rest->prev = block;
+    rest->next = block->next;
+    if (rest->next) rest->next->prev = rest;
+    block->next = rest;
+    rest->state = BlockState::kFree;
+    rest->settled = block->settled;
+    rest->stream = block->stream;
+    rest->settle_seq = block->settle_seq;
+    rest->since = block->since;
+    block->size = size;
+    insert_free(rest);
+  }
+  return hand_out(block, requested, stream);
+}
+
+Block* DeviceCache::hand_out(Block* block, std::size_t requested, Stream stream) {
+  const PoolKind pool = block->segment->pool;
+  block->state = BlockState::kAllocated;
+  block->settled = false;
+  block->stream = stream;
+  block->requested = requested;
+  block->recorded_streams.clear();
+  block->record_stream_calls = 0;
+  block->fences_left = 0;
+  block->since = coarse_now();
+  live_.insert(block->address, block);
+  stat_increase(&DeviceStats::allocation, pool, 1);
+  stat_increase(&DeviceStats::allocated_bytes, pool, static_cast<std::int64_t>(block->size));
+  stat_increase(&DeviceStats::requested_bytes, pool, static_cast<std::int64_t>(requested));
+  stat_increase(&DeviceStats::active, pool, 1);
+  stat_increase(&DeviceStats::active_bytes, pool, static_cast<std::int64_t>(block->size));
+  if (size_policy::is_oversize(block->size, options_)) stats_.oversize_allocations.increase(1);
+  if (aids_ != nullptr) aids_->on_allocate(*block);
+  return block;
+}
+
+void DeviceCache::throw_larger_than_device(std::size_t requested) {
+  ++stats_.num_ooms;
+  const std::string msg = fmt::format(
+      "streamalloc: cannot allocate {} ({} bytes) on device {}: larger than the device's total memory of {}. "
+      "Check the size computation of this tensor.",
+      format_bytes(requested), requested, device_, format_bytes(device_total_));
+  if (aids_ != nullptr) aids_->on_out_of_memory(msg);
+  throw Error(ErrorCode::kOutOfMemory, msg);
+}
+
+void DeviceCache::throw_out_of_memory(std::size_t requested, std::size_t size, Stream stream) {
+  ++stats_.num_ooms;
+  const DeviceMemoryInfo info = backend_.memory_info(device_);
+  std::size_t cached_free = 0;
+  free_.for_each([&](const Block* b) { cached_free += b->size; });
+  std::string msg = fmt::format(
+      "streamalloc: out of memory on device {} ({}): tried to allocate {} ({} rounded) on stream {:#x}. Device: {} "
+      "total, {} free. streamalloc: {} reserved, {} allocated, {} cached free, {} pending in {} block(s)",
+      device_, backend_.name(), format_bytes(requested), format_bytes(size), stream, format_bytes(info.total_bytes),
+      format_bytes(info.free_bytes), format_bytes(segments_.reserved_bytes()),
+      format_bytes(static_cast<std::size_t>(stats_.allocated_bytes[0].current)), format_bytes(cached_free),
+      format_bytes(static_cast<std::size_t>(stats_.pending_bytes.current)), stats_.pending_blocks.current);
+  if (memory_fraction_ < 1.0) {
+    msg += fmt::format("; memory fraction cap {} = {}", memory_fraction_, format_bytes(memory_cap()));
+  }
+  msg += ".";
+  std::vector<std::pair<std::int64_t, Stream>> holders;
+  for (const auto& [s, state] : streams_) {
+    const std::int64_t pending = state->fences.pending_stats().pending_bytes.current;
+    if (pending > 0) holders.emplace_back(pending, s);
+  }
+  std::sort(holders.rbegin(), holders.rend());
+  if (!holders.empty()) {
+    msg += " Largest pending holders (streams whose fences hold freed blocks):";
+    for (std::size_t i = 0; i < holders.size() && i < 3; ++i) {
+      msg += fmt::format(" stream {:#x} holds {};", holders[i].second,
+                         format_bytes(static_cast<std::size_t>(holders[i].first)));
+    }
+  }
+  msg += " What to do: free tensors you no longer need, lower the batch size, or set max_split_size_mb to "
+         "reduce fragmentation if cached free memory is large.";
+  if (aids_ != nullptr) aids_->on_out_of_memory(msg);
+  log().debug("{}", msg);
+  throw Error(ErrorCode::kOutOfMemory, msg);
+}
+
+}  // namespace streamalloc

@@ -1,0 +1,153 @@
+// DeviceCache: fences (docs/design.md, "Stream rules" rules 3, 4 and 6, and "Fences: batching and
+// pipelining"). Batches are closed with one event per stream; completed fences are popped oldest-first
+// per stream and release their pending blocks, and settle the owned free blocks of their stream. While
+// any stream captures a graph, no event is recorded or queried.
+#include "device_cache.hpp"
+#include "logging.hpp"
+
+namespace streamalloc {
+
+bool DeviceCache::close_batch(StreamState& state) {
+  if (!state.fences.close_batch(backend_, events_, device_)) return false;
+  ++stats_.fences_recorded;
+  if (aids_ != nullptr) aids_->on_fence_recorded(state.fences.in_flight().back().event, state.stream());
+  return true;
+}
+
+// Pipelined batching after a free with uses: each used stream keeps at most one fence in flight. The
+// pass polls that fence (one query); once it has completed, the open batch is closed at once with a new
+// event, so pending blocks are released about one fence latency after their free. While a fence is in
+// flight, later frees join the open batch and share the next event. make_pending() runs this pass at
+// most once per kFenceBatchWindow, so a tight loop of frees shares events even when the GPU keeps up.
+void DeviceCache::fence_after_free(const Block* block) {
+  // Asking the device whether a stream captures costs two runtime calls per stream, so it is asked
+  // only here, when a pass is due.
+  if (any_stream_capturing()) {
+    ++stats_.frees_deferred_capture;
+    return;
+  }
+  last_fence_pass_ = block->since;
+  // The free has happened; a device error in this opportunistic pass must not report it as failed.
+  // The batch stays open and the next allocation that misses the cache fences it.
+  try {
+    for (Stream used : block->recorded_streams) {
+      StreamState& state = stream_state(used);
+      std::uint64_t queries = 0;
+      Fence fence;
+      while (state.fences.pop_completed(backend_, device_, &fence, &queries)) finish_fence(state, fence);
+      stats_.fences_polled += static_cast<std::int64_t>(queries);
+      if (state.fences.in_flight().empty()) close_batch(state);
+    }
+  } catch (const Error& e) {
+    log().warn("device {}: fencing after a free failed, retried at the next allocation: {}", device_, e.what());
+  }
+}
+
+void DeviceCache::note_pending_changed(Clock::time_point when, const Stream* streams, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) {
+    aids_->on_pending_changed(when, streams[i], stream_state(streams[i]).fences.pending_stats());
+  }
+}
+
+// Every fence of a pending block has completed: it returns to its allocation stream's free list.
+void DeviceCache::release_pending(Block* block) {
+  stats_.pending_blocks.decrease(1);
+  stats_.pending_bytes.decrease(static_cast<std::int64_t>(block->size));
+  const PoolKind pool = block->segment->pool;
+  stat_decrease(&DeviceStats::active, pool, 1);
+  stat_decrease(&DeviceStats::active_bytes, pool, static_cast<std::int64_t>(block->size));
+  // An aid's work on the block (poison) is new work on the allocation stream, so the block is safe for
+  // other streams only after a fence recorded behind it: it rejoins the owner's open batch (its old
+  // batch may have completed already).
+  if (aids_ != nullptr && aids_->on_reusable(*block)) {
+    block->settle_seq = stream_state(block->stream).fences.join_as_owner();
+  }
+  const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - block->since).count();
+  for (std::size_t i = 0; i < kLatencyBucketUs.size(); ++i) {
+    if (waited < kLatencyBucketUs[i]) {
+      ++stats_.free_to_reusable_us[i];
+      break;
+    }
+  }
+  block->state = BlockState::kFree;
+  block->settled = false;
+  block->recorded_streams.clear();
+  make_available(block);
+}
+
+void DeviceCache::finish_fence(StreamState& state, Fence& fence) {
+  for (Block* block : fence.pending) {
+    state.fences.note_pending_released(block);
+    if (--block->fences_left == 0) release_pending(block);
+  }
+  if (aids_ != nullptr && !fence.pending.empty()) {
+    const Stream stream = state.stream();
+    note_pending_changed(Clock::now(), &stream, 1);
+  }
+  events_.release(fence.event);
+  // Settle this stream's owned free blocks up to the completed sequence number.
+  while (Block* head = state.settle_list.head()) {
+    if (head->settle_seq > state.fences.completed_seq()) break;
+    settle(head);
+  }
+}
+
+// The capture rule: the backend says whether a stream captures. Only streams the cache knows can be
+// asked; a capture on a stream it has never seen goes unnoticed.
+bool DeviceCache::any_stream_capturing() {
+  for (auto& [stream, state] : streams_) {
+    if (backend_.is_capturing(device_, stream)) return true;
+  }
+  return false;
+}
+
+// Close every open batch (one event per stream) and pop completed fences, oldest first per stream.
+void DeviceCache::close_batches_and_poll() {
+  flush_all_hot();  // parked blocks join the free lists, where they can merge and settle
+  if (any_stream_capturing()) return;
+  const auto now = Clock::now();
+  for (auto& [stream, state] : streams_) {
+    close_batch(*state);
+    Fence fence;
+    std::uint64_t queries = 0;
+    while (state->fences.pop_completed(backend_, device_, &fence, &queries)) finish_fence(*state, fence);
+    stats_.fences_polled += static_cast<std::int64_t>(queries);
+    if (aids_ != nullptr && !state->fences.in_flight().empty()) {
+      aids_->on_fence_in_flight(stream, state->fences.in_flight().front(), now);
+    }
+  }
+}
+
+// Host-wait for every fence (the OOM path, empty_cache, a lower memory fraction). Afterwards nothing
+// is pending. `for_memory`: the OOM path, which the aids hear about as a sign of memory pressure.
+void DeviceCache::synchronize_all_fences(bool for_memory) {
+  flush_all_hot();
+  if (any_stream_capturing()) return;
+  std::size_t fences = 0;
+  const auto pending_before = stats_.pending_bytes.current;
+  for (auto& [stream, state] : streams_) {
+    close_batch(*state);
+    Fence fence;
+    while (state->fences.synchronize_oldest(backend_, device_, &fence)) {
+      finish_fence(*state, fence);
+      ++fences;
+    }
+  }
+  stats_.fences_synced_host += static_cast<std::int64_t>(fences);
+  ++stats_.num_sync_all_streams;
+  if (for_memory && fences > 0 && aids_ != nullptr) {
+    aids_->on_host_sync_for_memory(fences, static_cast<std::size_t>(pending_before - stats_.pending_bytes.current));
+  }
+}
+
+void DeviceCache::process_fences() {
+  Lock lock(mutex_);
+  close_batches_and_poll();
+}
+
+void DeviceCache::synchronize_fences() {
+  Lock lock(mutex_);
+  synchronize_all_fences();
+}
+
+}  // namespace streamalloc

@@ -1,0 +1,127 @@
+// DeviceCache: free and record_stream. A block's uses decide where it goes when freed
+// (docs/design.md, "Stream rules" rules 2 and 3): with no other uses, back to its allocation stream at
+// once; with uses, pending until a fence on every used stream has completed.
+#include <algorithm>
+
+#include "device_cache.hpp"
+#include "size_policy.hpp"
+
+namespace streamalloc {
+
+void DeviceCache::reject_free(const void* ptr) {
+  Lock lock(mutex_);
+  ++stats_.invalid_frees;
+  throw_bad_free(ptr, "free");
+}
+
+bool DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hint) {
+  Lock lock(mutex_);
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  Block* block = live_.find(address);
+  if (block == nullptr) return false;
+  if (size_hint != 0 && size_hint != block->requested) {
+    ++stats_.invalid_frees;
+    throw Error(ErrorCode::kInvalidArgument,
+                "streamalloc: free(" + std::to_string(address) + ") on device " + std::to_string(device_) +
+                    " passed size " + std::to_string(size_hint) + " but the block was allocated with size " +
+                    std::to_string(block->requested) +
+                    "; nothing was freed. Pass the size given to malloc (or 0 if unknown).");
+  }
+  // A free issued on another stream than the allocation stream may still be using the block there.
+  if (stream_hint != block->stream && stream_hint != 0 &&
+      std::find(block->recorded_streams.begin(), block->recorded_streams.end(), stream_hint) ==
+          block->recorded_streams.end()) {
+    stream_state(stream_hint);  // rejects a stream of another device before anything changes
+    add_use(block, stream_hint, NewUse::kFreeOnStream);
+  }
+  live_.erase(address);
+  const PoolKind pool = block->segment->pool;
+  stat_decrease(&DeviceStats::allocation, pool, 1);
+  stat_decrease(&DeviceStats::allocated_bytes, pool, static_cast<std::int64_t>(block->size));
+  stat_decrease(&DeviceStats::requested_bytes, pool, static_cast<std::int64_t>(block->requested));
+  if (size_policy::is_oversize(block->size, options_)) stats_.oversize_allocations.decrease(1);
+  if (aids_ != nullptr) aids_->on_free(*block);
+  block->requested = 0;
+  if (block->recorded_streams.empty()) {
+    block->since = coarse_now();
+    if (aids_ != nullptr) aids_->on_reusable(*block);  // free_to_owner fences whatever an aid enqueued
+    stat_decrease(&DeviceStats::active, pool, 1);
+    stat_decrease(&DeviceStats::active_bytes, pool, static_cast<std::int64_t>(block->size));
+    free_to_owner(block);
+  } else {
+    block->since = Clock::now();  // precise: the free-to-reusable latency is measured from here
+    make_pending(block);
+  }
+  return true;
+}
+
+bool DeviceCache::record_stream(void* ptr, Stream stream) {
+  Lock lock(mutex_);
+  Block* block = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (block == nullptr) return false;
+  ++stats_.record_stream_calls;
+  if (stream == block->stream) {
+    ++stats_.record_stream_on_alloc_stream;
+    if (aids_ != nullptr) aids_->on_ignored_record_stream(IgnoredRecordStream::kAllocationStream, ptr, stream);
+    return true;
+  }
+  if (std::find(block->recorded_streams.begin(), block->recorded_streams.end(), stream) !=
+      block->recorded_streams.end()) {
+    ++stats_.record_stream_duplicate;
+    if (aids_ != nullptr) aids_->on_ignored_record_stream(IgnoredRecordStream::kDuplicate, ptr, stream);
+    return true;
+  }
+  add_use(block, stream, NewUse::kRecordStream);
+  ++block->record_stream_calls;
+  return true;
+}
+
+void DeviceCache::record_stream_not_live(const void* ptr, Stream stream) {
+  Lock lock(mutex_);
+  ++stats_.record_stream_calls;
+  ++stats_.record_stream_unknown_ptr;
+  if (aids_ == nullptr) return;
+  const bool ours = segments_.containing(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
+  aids_->on_ignored_record_stream(ours ? IgnoredRecordStream::kAlreadyFreed : IgnoredRecordStream::kForeignPointer,
+                                  ptr, stream);
+}
+
+void DeviceCache::add_use(Block* block, Stream stream, NewUse how) {
+  if (aids_ != nullptr && aids_->on_new_use(*block, stream, how)) ++stats_.missing_wait_warnings;
+  block->recorded_streams.push_back(stream);
+}
+
+// No other uses: stream order makes the block safe for its allocation stream at once. It joins that
+// stream's open batch, whose fence will make it safe for every stream (settled). Until that batch is
+// fenced it is parked in the stream's hot list, where an allocation of the same size takes it back.
+void DeviceCache::free_to_owner(Block* block) {
+  block->state = BlockState::kFree;
+  block->settled = false;
+  block->recorded_streams.clear();
+  StreamState& owner = stream_state(block->stream);
+  block->settle_seq = owner.fences.join_as_owner();
+  if ((aids_ == nullptr || !aids_->holds_blocks()) && owner.fences.completed_seq() < block->settle_seq) {
+    block->hot = true;
+    count_inactive_split(block);
+    owner.hot.push_back(block);
+    if (owner.hot.size() > StreamState::kHotBlocks) flush_hot(owner, StreamState::kHotBlocks / 2);
+    return;
+  }
+  make_available(block);
+}
+
+// Other uses: the block waits for a fence on every stream it was used on. It joins the open batch of
+// each used stream; a pass over those streams' fences runs at most once per kFenceBatchWindow.
+void DeviceCache::make_pending(Block* block) {
+  block->state = BlockState::kPending;
+  block->settle_seq = stream_state(block->stream).fences.join_as_owner();
+  block->fences_left = static_cast<std::uint32_t>(block->recorded_streams.size());
+  stats_.pending_blocks.increase(1);
+  stats_.pending_bytes.increase(static_cast<std::int64_t>(block->size));
+  for (Stream used : block->recorded_streams) stream_state(used).fences.join_as_user(block);
+  if (aids_ != nullptr) note_pending_changed(block->since, block->recorded_streams.data(), block->recorded_streams.size());
+  if (block->since - last_fence_pass_ < kFenceBatchWindow) return;
+  fence_after_free(block);
+}
+
+}  // namespace streamalloc

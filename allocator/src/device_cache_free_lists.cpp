@@ -1,0 +1,108 @@
+// DeviceCache: how free blocks enter and leave the free lists. An owned block is also in its owner's
+// settle list; a block joins the lists merged with its free neighbours (FreeLists::mergeable), and
+// settled once its owner's fence has completed. Two places keep free blocks out of the lists on
+// purpose: a stream's hot list (just freed, unmerged, for an exact-size reuse) and an aid that holds
+// blocks back (quarantine).
+#include "device_cache.hpp"
+
+namespace streamalloc {
+
+void DeviceCache::insert_free(Block* block) {
+  free_.insert(block);
+  if (!block->settled) stream_state(block->stream).settle_list.insert(block);
+  count_inactive_split(block);
+}
+
+void DeviceCache::remove_free(Block* block) {
+  free_.erase(block);
+  if (!block->settled) stream_state(block->stream).settle_list.remove(block);
+  uncount_inactive_split(block);
+}
+
+Block* DeviceCache::merge_free_neighbours(Block* block) {
+  for (Block* neighbour : {block->prev, block->next}) {
+    if (!FreeLists::mergeable(block, neighbour)) continue;
+    remove_free(neighbour);
+    block = FreeLists::merge(block, neighbour);
+  }
+  return block;
+}
+
+void DeviceCache::make_available(Block* block) {
+  if (aids_ != nullptr && aids_->holds_blocks()) {
+    hold_back(block);
+    return;
+  }
+  enter_free_lists(block);
+}
+
+void DeviceCache::enter_free_lists(Block* block) {
+  if (stream_state(block->stream).fences.completed_seq() >= block->settle_seq) block->settled = true;
+  insert_free(merge_free_neighbours(block));
+}
+
+// The owner stream's fence for `block` has completed: no stream can still touch it.
+void DeviceCache::settle(Block* block) {
+  remove_free(block);
+  block->settled = true;
+  insert_free(merge_free_neighbours(block));
+}
+
+Block* DeviceCache::take_hot(StreamState& state, std::size_t size) {
+  std::vector<Block*>& hot = state.hot;
+  for (std::size_t i = hot.size(); i-- > 0;) {
+    Block* block = hot[i];
+    if (block->size != size) continue;
+    hot.erase(hot.begin() + static_cast<std::ptrdiff_t>(i));
+    block->hot = false;
+    uncount_inactive_split(block);
+    return block;
+  }
+  return nullptr;
+}
+
+void DeviceCache::flush_hot(StreamState& state, std::size_t keep) {
+  std::vector<Block*>& hot = state.hot;
+  if (hot.size() <= keep) return;
+  const std::size_t flush = hot.size() - keep;
+  std::vector<Block*> oldest(hot.begin(), hot.begin() + static_cast<std::ptrdiff_t>(flush));
+  hot.erase(hot.begin(), hot.begin() + static_cast<std::ptrdiff_t>(flush));
+  // One at a time: a block still marked hot is not merged, so no block in `oldest` is merged away
+  // (and deleted) before its own turn.
+  for (Block* block : oldest) {
+    block->hot = false;
+    uncount_inactive_split(block);
+    enter_free_lists(block);
+  }
+}
+
+void DeviceCache::flush_all_hot() {
+  for (auto& [stream, state] : streams_) flush_hot(*state, 0);
+}
+
+// An aid holds the block back from reuse, and may let go of older ones.
+void DeviceCache::hold_back(Block* block) {
+  block->held = true;
+  count_inactive_split(block);
+  std::vector<Block*> released;
+  aids_->hold(block, &released);
+  enter_free_lists_after_hold(released);
+}
+
+void DeviceCache::release_held() {
+  if (aids_ == nullptr || !aids_->holds_blocks()) return;
+  std::vector<Block*> released;
+  aids_->release_all(&released);
+  enter_free_lists_after_hold(released);
+}
+
+// One at a time: a block still marked held is not merged, so none is merged away before its turn.
+void DeviceCache::enter_free_lists_after_hold(const std::vector<Block*>& released) {
+  for (Block* b : released) {
+    b->held = false;
+    uncount_inactive_split(b);
+    enter_free_lists(b);
+  }
+}
+
+}  // namespace streamalloc

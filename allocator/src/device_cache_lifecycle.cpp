@@ -1,0 +1,79 @@
+// DeviceCache: giving memory back. empty_cache, the memory-fraction cap, and teardown all come down to
+// release_free_segments(): segments that are one settled free block go back to the device.
+#include "device_cache.hpp"
+#include "logging.hpp"
+#include "size_policy.hpp"
+
+namespace streamalloc {
+
+std::size_t DeviceCache::memory_cap() const {
+  return static_cast<std::size_t>(memory_fraction_ * static_cast<double>(device_total_));
+}
+
+// Give back segments that are one settled free block, in address order, until `target_bytes` are
+// released.
+std::size_t DeviceCache::release_free_segments(std::size_t target_bytes) {
+  std::size_t released = 0;
+  for (Segment* segment : segments_.all()) {
+    if (released >= target_bytes) break;
+    Block* head = segment->head;
+    if (head->state != BlockState::kFree || !head->settled || head->held || head->next != nullptr) continue;
+    remove_free(head);
+    const PoolKind pool = segment->pool;
+    const std::size_t size = segment->size;
+    segments_.release(segment);
+    ++stats_.num_device_free;
+    released += size;
+    stat_decrease(&DeviceStats::segment, pool, 1);
+    stat_decrease(&DeviceStats::reserved_bytes, pool, static_cast<std::int64_t>(size));
+    if (size_policy::is_oversize(size, options_)) stats_.oversize_segments.decrease(1);
+  }
+  return released;
+}
+
+void DeviceCache::empty_cache() {
+  Lock lock(mutex_);
+  release_held();
+  synchronize_all_fences();
+  release_free_segments(SIZE_MAX);
+}
+
+void DeviceCache::set_memory_fraction(double fraction) {
+  Lock lock(mutex_);
+  note_device_total();
+  memory_fraction_ = fraction;
+  if (segments_.reserved_bytes() > memory_cap()) {
+    release_held();
+    synchronize_all_fences();
+    release_free_segments(segments_.reserved_bytes() - memory_cap());
+  }
+}
+
+double DeviceCache::memory_fraction() const {
+  Lock lock(mutex_);
+  return memory_fraction_;
+}
+
+// Teardown and shutdown. Streams may already be destroyed by now (a program tears down its streams,
+// then the allocator), and a CUDA call on a destroyed stream can crash the driver, so this touches
+// events only: it waits for the fences already recorded and releases what they settle. Blocks whose
+// fences were never recorded keep their segments reserved until the process exits.
+void DeviceCache::release_all() {
+  Lock lock(mutex_);
+  flush_all_hot();
+  release_held();
+  for (auto& [stream, state] : streams_) {
+    Fence fence;
+    try {
+      while (state->fences.synchronize_oldest(backend_, device_, &fence)) finish_fence(*state, fence);
+    } catch (const Error& e) {
+      log().debug("device {}: fence wait at teardown failed: {}", device_, e.what());
+    }
+  }
+  release_free_segments(SIZE_MAX);
+  if (!live_.empty()) {
+    log().debug("device {}: {} block(s) still allocated at teardown stay reserved", device_, live_.size());
+  }
+}
+
+}  // namespace streamalloc

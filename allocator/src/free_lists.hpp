@@ -1,0 +1,106 @@
+// FreeLists: the free blocks of one set of segments, and the rule for merging free neighbours.
+//
+// A free block is either *owned* (unsettled: safe only for its owner stream, by stream order) or
+// *settled* (its owner's fence completed: no stream can still touch it). Owned blocks are indexed by
+// their owner stream; settled blocks under one shared key, so any stream may take them, except under
+// cross_stream_reuse:never, where settled blocks stay with their stream as in PyTorch's allocator.
+// The cache keeps one FreeLists for its segments; a pool with its own segments would keep its own.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+
+#include "block.hpp"
+#include "free_index.hpp"
+#include "streamalloc/options.hpp"
+
+namespace streamalloc {
+
+class FreeLists {
+ public:
+  explicit FreeLists(CrossStreamReuse policy) : settled_per_stream_(policy == CrossStreamReuse::kNever) {}
+
+  // Index a free block by its state (settled or owned by block->stream).
+  void insert(Block* block) {
+    const int pool = pool_index(block->segment->pool);
+    if (block->settled) {
+      settled_[pool].insert(block, settled_key(block->stream));
+    } else {
+      owned_[pool].insert(block, block->stream);
+    }
+  }
+  void erase(Block* block) {
+    const int pool = pool_index(block->segment->pool);
+    if (block->settled) {
+      settled_[pool].erase(block);
+    } else {
+      owned_[pool].erase(block);
+    }
+  }
+
+  // The smallest block of at least `size` bytes owned by `stream`, or nullptr.
+  Block* best_owned(PoolKind pool, Stream stream, std::size_t size) const {
+    return owned_[pool_index(pool)].best_fit(stream, size);
+  }
+  // The smallest settled block of at least `size` bytes that `stream` may take, or nullptr.
+  Block* best_settled(PoolKind pool, Stream stream, std::size_t size) const {
+    return settled_[pool_index(pool)].best_fit(settled_key(stream), size);
+  }
+
+  // Merge rule: two address neighbours merge when both are free and indexed (not parked in a hot list,
+  // not held back) and either settled, or owned by one stream, or one settled and one owned: settled
+  // memory is safe for the owner too, so the merged block stays owned and settles with the owner's
+  // fence (keeping them apart strands settled memory next to every owned block).
+  static bool mergeable(const Block* a, const Block* b) {
+    if (a == nullptr || b == nullptr) return false;
+    if (a->held || b->held || a->hot || b->hot) return false;
+    if (a->state != BlockState::kFree || b->state != BlockState::kFree) return false;
+    if (a->settled && b->settled) return true;
+    if (!a->settled && !b->settled) return a->stream == b->stream;
+    return true;
+  }
+  // Merge two mergeable address neighbours, both out of the index, into the lower one (so that
+  // segment->head stays valid); deletes the higher one and returns the survivor. Inline: a cached
+  // alloc/free pair of a mid-size block merges once.
+  static Block* merge(Block* a, Block* b) {
+    Block* low = a->address < b->address ? a : b;
+    Block* high = low == a ? b : a;
+    if (low->settled != high->settled) {
+      // The merged block keeps the owned block's state (stream, fence sequence) and settles with it.
+      const Block* owner = low->settled ? high : low;
+      low->stream = owner->stream;
+      low->settle_seq = owner->settle_seq;
+      low->settled = false;
+      high->settle_seq = owner->settle_seq;
+    }
+    low->size += high->size;
+    low->next = high->next;
+    if (low->next) low->next->prev = low;
+    // An owned merge settles only when the later of the two batches has been fenced.
+    low->settle_seq = std::max(low->settle_seq, high->settle_seq);
+    low->since = std::max(low->since, high->since);
+    delete high;
+    return low;
+  }
+
+  bool contains_owned(Block* block) const { return owned_[pool_index(block->segment->pool)].contains(block); }
+  bool contains_settled(Block* block) const { return settled_[pool_index(block->segment->pool)].contains(block); }
+  std::size_t owned_count() const;
+  std::size_t settled_count() const;
+  template <typename F>
+  void for_each(F&& visit) const {
+    for (const auto* indexes : {&owned_, &settled_}) {
+      for (const FreeIndex& index : *indexes) index.for_each(visit);
+    }
+  }
+
+ private:
+  Stream settled_key(Stream owner) const { return settled_per_stream_ ? owner : 0; }
+
+  bool settled_per_stream_;
+  std::array<FreeIndex, kPoolKinds> owned_;    // [pool], keyed by owner stream
+  std::array<FreeIndex, kPoolKinds> settled_;  // [pool], keyed by settled_key()
+};
+
+}  // namespace streamalloc
