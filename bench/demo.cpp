@@ -130,7 +130,21 @@ int main(int argc, char** argv) {
     {
       Allocator allocator(options, device->backend());
       std::printf("streamalloc demo on %s\n", device->description().c_str());
-      std::printf("options: %s\n", options.to_conf_string().c_str());
+      // Every option (STREAMALLOC_CONF syntax), a few to a line.
+      std::string line = "options: ";
+      const std::string all = options.to_conf_string();
+      for (std::size_t start = 0; start < all.size();) {
+        std::size_t end = all.find(',', start);
+        end = end == std::string::npos ? all.size() : end + 1;
+        const std::string item = all.substr(start, end - start);
+        if (line.size() + item.size() > 100) {
+          std::printf("%s\n", line.c_str());
+          line = "         ";
+        }
+        line += item;
+        start = end;
+      }
+      std::printf("%s\n", line.c_str());
       std::printf("pipeline: %s (wait_event %s, record_stream %s)\n", variant.c_str(), wait_event ? "on" : "OFF",
                   record_stream ? "on" : "OFF");
 

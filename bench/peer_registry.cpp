@@ -26,7 +26,11 @@ std::string join(const std::vector<std::string>& items) {
 
 // Every peer name with the reason it is missing here, or "" when it is available.
 std::vector<std::pair<std::string, std::string>> peer_names(bool gpu, bool streamalloc_on_cuda) {
+#ifdef STREAMALLOC_BENCH_CUDA
   const char* no_gpu = "needs a GPU (none found)";
+#else
+  (void)gpu;  // no peer of a build without CUDA depends on a GPU
+#endif
   std::string torch_reason;
 #ifdef STREAMALLOC_BENCH_TORCH
   torch_reason = gpu ? "" : no_gpu;
