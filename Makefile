@@ -122,8 +122,7 @@ traces:
 # to $(BUILD)/benchmarks.md, so a run on a CPU machine does not replace the H200 results.
 BENCH_DOC ?= $(if $(GPU),docs/benchmarks.md,$(BUILD)/benchmarks.md)
 bench: build
-	@echo "(Debian's libbenchmark is built without NDEBUG, hence Google Benchmark's 'Library was built as DEBUG'"
-	@echo " below: it is about the benchmark library's own code; streamalloc is built RelWithDebInfo.)"
+	@echo "(Google Benchmark's 'Library was built as DEBUG' below means Debian built libbenchmark without NDEBUG; streamalloc is RelWithDebInfo)"
 	$(BUILD)/bench/streamalloc_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
 	  --benchmark_out=$(BUILD)/bench.json --benchmark_out_format=json
 	rm -f $(BUILD)/replay-*.json; for t in bench/traces/*.trace; do \
