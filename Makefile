@@ -70,7 +70,7 @@ test: build
 # bytes per stream ($(BUILD)/demo_timeline.png). Each says whether it ran on the GPU or the simulated
 # device. Builds only what it runs. Without a GPU, a first demo leaves the CUDA backend and the PyTorch
 # plugin out (nothing here would run them; `make test` adds them); an existing build is kept as configured.
-DEMO_ARGS = -DCMAKE_BUILD_TYPE=RelWithDebInfo $(if $(GPU),-DSTREAMALLOC_CUDA=AUTO $(FULL_ARGS),\
+DEMO_ARGS = -DCMAKE_BUILD_TYPE=RelWithDebInfo $(if $(GPU),$(FULL_ARGS),\
   $(if $(wildcard $(BUILD)/CMakeCache.txt),,-DSTREAMALLOC_CUDA=OFF -DSTREAMALLOC_TORCH=OFF))
 demo:
 	@.ci/setup-deps
