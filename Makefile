@@ -6,17 +6,44 @@ CMAKE ?= cmake
 PYTHON ?= python3
 # Set STREAMALLOC_NO_TORCH=1 to skip installing/building the PyTorch plugin.
 STREAMALLOC_NO_TORCH ?=
-
-TORCH_PREFIX = $(shell $(PYTHON) -c 'import torch;print(torch.utils.cmake_prefix_path)' 2>/dev/null)
+# ON turns compiler warnings into errors (.ci/run sets it); unset keeps what the build directory has.
+STREAMALLOC_WERROR ?=
 CMAKE_ARGS ?=
-CONFIGURE = $(CMAKE) -S . -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo $(if $(TORCH_PREFIX),-DCMAKE_PREFIX_PATH=$(TORCH_PREFIX)) $(CMAKE_ARGS)
-PYTEST = STREAMALLOC_LIBRARY_DIR=$(abspath $(BUILD))/lib PYTHONPATH=$(abspath torch_plugin) $(PYTHON) -m pytest -q tests/python
+
+GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+CCACHE := $(shell command -v ccache 2>/dev/null)
+TORCH_MODE = $(if $(STREAMALLOC_NO_TORCH),OFF,AUTO)
+TORCH_PREFIX = $(if $(STREAMALLOC_NO_TORCH),,$(shell $(PYTHON) -c 'import torch;print(torch.utils.cmake_prefix_path)' 2>/dev/null))
+# The whole build: CUDA backend and PyTorch plugin where their toolkits are found.
+FULL_ARGS = -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTREAMALLOC_CUDA=AUTO -DSTREAMALLOC_TORCH=$(TORCH_MODE) \
+  $(if $(TORCH_PREFIX),-DCMAKE_PREFIX_PATH=$(TORCH_PREFIX))
+# What the Python side needs to find the build's libraries and the package.
+RUN_ENV = STREAMALLOC_LIBRARY_DIR=$(abspath $(BUILD))/lib PYTHONPATH=$(abspath torch_plugin)
+PYTEST = $(RUN_ENV) $(PYTHON) -m pytest -q -rs tests/python
+
+# $(call configure,DIR,ARGS): cmake's output goes to DIR/configure.log; shown are its "streamalloc:"
+# lines (CUDA backend, PyTorch plugin, benchmark peers), or all of it when it fails.
+define configure
+@mkdir -p $(1)
+@$(CMAKE) -S . -B $(1) -G Ninja $(if $(STREAMALLOC_WERROR),-DSTREAMALLOC_WERROR=$(STREAMALLOC_WERROR)) \
+  $(if $(CCACHE),-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache) \
+  $(2) $(CMAKE_ARGS) >$(1)/configure.log 2>&1 || { cat $(1)/configure.log; echo "configure failed ($(1)/configure.log)"; exit 1; }
+@sed -n 's/^-- streamalloc: /configure: /p' $(1)/configure.log
+endef
+
+# $(call build,DIR,ARGS,TARGETS): configure DIR with ARGS, then build TARGETS there (everything when empty).
+define build
+$(call configure,$(1),$(2))
+@$(CMAKE) --build $(1) -j $(JOBS) $(if $(3),--target $(3))
+endef
 
 .PHONY: help deps build test demo gpu-test gpu-sanitize gpu-soak traces bench audit-overhead detection-rate test-asan test-tsan fuzz clean
 
 help:
-	@echo "make demo      set up, build, run the allocation benchmark and the multi-stream pipeline report (+ build/demo_timeline.png)"
+	@echo "make demo      set up, build what it runs, run the allocation benchmark (streamalloc against each peer"
+	@echo "               that runs here) and the multi-stream pipeline report (+ build/demo_timeline.png)"
 	@echo "make test      set up, build, run the whole test suite (GPU/torch tests skip without a GPU)"
+	@echo "make build     set up and build everything (CUDA and the PyTorch plugin where they are found)"
 	@echo "make gpu-test  on a GPU machine: build everything and run every test, GPU and PyTorch included"
 	@echo "make traces    record allocation traces of real workloads (GPU machine, PyTorch)"
 	@echo "make bench     full benchmark run; writes docs/benchmarks.md and plots (build/benchmarks.md without a GPU)"
@@ -26,40 +53,52 @@ help:
 	@echo "make gpu-soak  on a GPU machine: the pipeline soak (SOAK_SECONDS=600, SOAK_STREAMS=4 stream pairs), every byte checked"
 	@echo "make test-asan / test-tsan   the CPU suite under ASan+UBSan / TSan"
 	@echo "make fuzz      open-ended libFuzzer run (clang)"
+	@echo "Variables: BUILD=dir JOBS=n STREAMALLOC_NO_TORCH=1 STREAMALLOC_WERROR=ON CMAKE_ARGS=... (cmake's full output: DIR/configure.log)"
 
 deps:
 	@.ci/setup-deps $(if $(STREAMALLOC_NO_TORCH),,--torch)
 
 build: deps
-	@$(CONFIGURE) -B $(BUILD) >/dev/null
-	@$(CMAKE) --build $(BUILD) -j $(JOBS)
+	$(call build,$(BUILD),$(FULL_ARGS))
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 600
 	$(PYTEST) || [ $$? -eq 5 ]
 
-# The main job: the allocation benchmark (short run, every peer on this machine), then the seed's
-# multi-stream pipeline with the per-block stream report and a timeline of its pending bytes per stream
-# ($(BUILD)/demo_timeline.png). Each says whether it ran on the GPU or the simulated device.
-demo: build
-	@$(BUILD)/bench/streamalloc_bench --short
+# The main job: the allocation benchmark as a short table (streamalloc against each peer that runs here),
+# then the seed's multi-stream pipeline with the per-block stream report and a timeline of its pending
+# bytes per stream ($(BUILD)/demo_timeline.png). Each says whether it ran on the GPU or the simulated
+# device. Builds only what it runs. Without a GPU, a first demo leaves the CUDA backend and the PyTorch
+# plugin out (nothing here would run them; `make test` adds them); an existing build is kept as configured.
+DEMO_ARGS = -DCMAKE_BUILD_TYPE=RelWithDebInfo $(if $(GPU),$(FULL_ARGS),\
+  $(if $(wildcard $(BUILD)/CMakeCache.txt),,-DSTREAMALLOC_CUDA=OFF -DSTREAMALLOC_TORCH=OFF))
+demo:
+	@.ci/setup-deps
+	$(call build,$(BUILD),$(DEMO_ARGS),streamalloc_bench streamalloc_demo)
+	@echo
+	@$(BUILD)/bench/streamalloc_bench --summary
+	@echo
 	@$(BUILD)/bench/streamalloc_demo --timeline $(BUILD)/demo_pending_history.json
-	@PYTHONPATH=$(abspath torch_plugin) $(PYTHON) -m streamalloc.report $(BUILD)/demo_pending_history.json \
-	  --timeline $(BUILD)/demo_timeline.png
+	@echo
+	@$(RUN_ENV) $(PYTHON) -m streamalloc.report $(BUILD)/demo_pending_history.json --timeline $(BUILD)/demo_timeline.png
 
+# The GPU targets build with the CUDA backend required (configure fails without the toolkit). Without
+# network access they build with what is installed.
+GPU_DEPS = .ci/setup-deps $(1) || echo "$@: could not install missing packages (offline?); building with what is here"
 gpu-test:
-	@.ci/setup-deps --torch || echo "gpu-test: could not install missing packages (offline?); building with what is here"
-	@$(CONFIGURE) -B $(BUILD) -DSTREAMALLOC_CUDA=ON >/dev/null
-	@$(CMAKE) --build $(BUILD) -j $(JOBS)
+	@$(call GPU_DEPS,--torch)
+	$(call build,$(BUILD),$(FULL_ARGS) -DSTREAMALLOC_CUDA=ON)
 	@nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 	ctest --test-dir $(BUILD) --output-on-failure -j 1 --timeout 900
-	$(PYTEST) -rs
+	$(PYTEST)
 	@echo "gpu-test: GPU tests run (not skipped):"; \
 	  ctest --test-dir $(BUILD) -L gpu -N | tail -1
 
 # Memory-access errors fail the run. CUDA API errors are not reported: the error-path tests provoke
 # them on purpose (OOM, bad handles, capture checks) and check that streamalloc turns them into errors.
-gpu-sanitize: build
+gpu-sanitize:
+	@$(call GPU_DEPS)
+	$(call build,$(BUILD),$(FULL_ARGS) -DSTREAMALLOC_CUDA=ON,streamalloc_gpu_tests)
 	compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 $(BUILD)/tests/streamalloc_gpu_tests
 
 # The seed's pipeline with random sizes (512 B to 64 MiB) on SOAK_STREAMS stream pairs for SOAK_SECONDS,
@@ -68,9 +107,8 @@ gpu-sanitize: build
 SOAK_SECONDS ?= 600
 SOAK_STREAMS ?= 4
 gpu-soak:
-	@.ci/setup-deps || echo "gpu-soak: could not install missing packages (offline?); building with what is here"
-	@$(CONFIGURE) -B $(BUILD) -DSTREAMALLOC_CUDA=ON >/dev/null
-	@$(CMAKE) --build $(BUILD) -j $(JOBS) --target streamalloc_soak
+	@$(call GPU_DEPS)
+	$(call build,$(BUILD),$(FULL_ARGS) -DSTREAMALLOC_CUDA=ON,streamalloc_soak)
 	@nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 	$(BUILD)/bench/streamalloc_soak --backend cuda --seconds $(SOAK_SECONDS) --streams $(SOAK_STREAMS) --json $(BUILD)/soak.json
 
@@ -82,14 +120,14 @@ traces:
 # loop, then docs/benchmarks.md and its plots.
 # The report goes to docs/benchmarks.md only where a GPU ran the peers; elsewhere (simulated rows only)
 # to $(BUILD)/benchmarks.md, so a run on a CPU machine does not replace the H200 results.
-BENCH_DOC ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo docs/benchmarks.md || echo $(BUILD)/benchmarks.md)
+BENCH_DOC ?= $(if $(GPU),docs/benchmarks.md,$(BUILD)/benchmarks.md)
 bench: build
+	@echo "(Google Benchmark's 'Library was built as DEBUG' below means Debian built libbenchmark without NDEBUG; streamalloc is RelWithDebInfo)"
 	$(BUILD)/bench/streamalloc_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
 	  --benchmark_out=$(BUILD)/bench.json --benchmark_out_format=json
 	rm -f $(BUILD)/replay-*.json; for t in bench/traces/*.trace; do \
 	  $(BUILD)/bench/streamalloc_replay "$$t" --peers all --json "$(BUILD)/replay-$$(basename "$$t" .trace).json" || exit 1; done
-	STREAMALLOC_LIBRARY_DIR=$(abspath $(BUILD))/lib PYTHONPATH=$(abspath torch_plugin) $(PYTHON) bench/torch_empty.py \
-	  --json $(BUILD)/torch_empty.json || true
+	$(RUN_ENV) $(PYTHON) bench/torch_empty.py --json $(BUILD)/torch_empty.json || true
 	$(MAKE) --no-print-directory audit-overhead BUILD=$(BUILD) || true
 	$(PYTHON) bench/report.py $(BUILD)/bench.json $(BUILD)/replay-*.json $(BUILD)/torch_empty.json $(BENCH_DOC)
 
@@ -99,7 +137,7 @@ bench: build
 # `make gpu-test`; skips without a GPU. AUDIT_OVERHEAD_ARGS adds options (e.g. --reps 3).
 AUDIT_OVERHEAD_ARGS ?=
 audit-overhead:
-	STREAMALLOC_LIBRARY_DIR=$(abspath $(BUILD))/lib PYTHONPATH=$(abspath torch_plugin) $(PYTHON) bench/audit_overhead.py \
+	$(RUN_ENV) $(PYTHON) bench/audit_overhead.py \
 	  --json $(BUILD)/audit_overhead.json --markdown $(BUILD)/audit_overhead.md $(AUDIT_OVERHEAD_ARGS)
 
 # Each seed pipeline example under each debug option, DETECTION_RUNS processes per row (about 5.6 s each on
@@ -107,33 +145,28 @@ audit-overhead:
 # in how many runs the bug showed (NaN, warnings) and, for the fixed pipelines, false alarms.
 DETECTION_RUNS ?= 8
 detection-rate:
-	STREAMALLOC_LIBRARY_DIR=$(abspath $(BUILD))/lib PYTHONPATH=$(abspath torch_plugin) $(PYTHON) bench/detection_rate.py \
+	$(RUN_ENV) $(PYTHON) bench/detection_rate.py \
 	  --runs $(DETECTION_RUNS) --json $(BUILD)/detection_rate.json --markdown $(BUILD)/detection_rate.md
 
-# The sanitizer runs keep the model fuzzer to 50k ops per case (the full 10^6 run is in `make test`).
+# The CPU suite under sanitizers, in build-asan / build-tsan. The runs keep the model fuzzer to 50k ops
+# per case (the full 10^6 run is in `make test`).
 SANITIZER_FUZZ_OPS ?= 50000
-test-asan:
+SANITIZER_ARGS = -DSTREAMALLOC_CUDA=OFF -DSTREAMALLOC_TORCH=OFF -DSTREAMALLOC_BUILD_BENCH=OFF
+test-asan: SANITIZE = address;undefined
+test-asan: SANITIZE_BUILD_TYPE = Debug
+test-tsan: SANITIZE = thread
+test-tsan: SANITIZE_BUILD_TYPE = RelWithDebInfo
+test-asan test-tsan:
 	@.ci/setup-deps
-	@$(CMAKE) -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSTREAMALLOC_SANITIZE="address;undefined" \
-	  -DSTREAMALLOC_CUDA=OFF -DSTREAMALLOC_TORCH=OFF -DSTREAMALLOC_BUILD_BENCH=OFF >/dev/null
-	@$(CMAKE) --build build-asan -j $(JOBS) --target streamalloc_tests
-	STREAMALLOC_FUZZ_OPS=$(SANITIZER_FUZZ_OPS) ctest --test-dir build-asan --output-on-failure -j $(JOBS) -L cpu --timeout 1200
-
-test-tsan:
-	@.ci/setup-deps
-	@$(CMAKE) -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTREAMALLOC_SANITIZE=thread \
-	  -DSTREAMALLOC_CUDA=OFF -DSTREAMALLOC_TORCH=OFF -DSTREAMALLOC_BUILD_BENCH=OFF >/dev/null
-	@$(CMAKE) --build build-tsan -j $(JOBS) --target streamalloc_tests
-	STREAMALLOC_FUZZ_OPS=$(SANITIZER_FUZZ_OPS) ctest --test-dir build-tsan --output-on-failure -j $(JOBS) -L cpu --timeout 1200
+	$(call build,build-$(@:test-%=%),-DCMAKE_BUILD_TYPE=$(SANITIZE_BUILD_TYPE) "-DSTREAMALLOC_SANITIZE=$(SANITIZE)" $(SANITIZER_ARGS),streamalloc_tests)
+	STREAMALLOC_FUZZ_OPS=$(SANITIZER_FUZZ_OPS) ctest --test-dir build-$(@:test-%=%) --output-on-failure -j $(JOBS) -L cpu --timeout 1200
 
 # Open-ended libFuzzer run of the model-based fuzzer (clang). FUZZ_SECONDS bounds it (default 300).
 FUZZ_SECONDS ?= 300
 fuzz:
 	@.ci/setup-deps
 	@command -v clang++ >/dev/null || { echo "make fuzz needs clang (apt-get install clang)"; exit 1; }
-	@CXX=clang++ CC=clang $(CMAKE) -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTREAMALLOC_CUDA=OFF \
-	  -DSTREAMALLOC_TORCH=OFF -DSTREAMALLOC_BUILD_BENCH=OFF >/dev/null
-	@$(CMAKE) --build build-fuzz -j $(JOBS) --target streamalloc_fuzz
+	$(call build,build-fuzz,-DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo $(SANITIZER_ARGS),streamalloc_fuzz)
 	@mkdir -p build-fuzz/corpus
 	build-fuzz/tests/fuzz/streamalloc_fuzz -max_len=8192 -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus
 

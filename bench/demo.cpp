@@ -4,13 +4,15 @@
 // when the Python reference is overwritten. Runs on the GPU when one is present, else on the simulated
 // device, and says which. --snapshot PATH also writes a snapshot when the report is printed, for
 // streamalloc_report; --timeline PATH records the pending bytes per stream (pending_history) and writes
-// them at the end, for `python -m streamalloc.report PATH --timeline OUT.png`.
+// them at the end, with the streams' names and the kind of device, for
+// `python -m streamalloc.report PATH --timeline OUT.png`.
 #include <getopt.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -34,7 +36,7 @@ void write_json(const std::string& json, const std::string& path, const char* wh
 // Enough for every change of the default 300 iterations (about three per iteration) many times over.
 constexpr const char* kDemoPendingHistory = "1000000";
 
-void print_stats(const DeviceStats& st, int iterations) {
+void print_stats(const DeviceStats& st, int iterations, bool check_sync) {
   std::printf("\nStream statistics after %d iterations:\n", iterations);
   std::printf("  allocations                 %lld (peak live %lld)\n",
               static_cast<long long>(st.allocation[0].allocated), static_cast<long long>(st.allocation[0].peak));
@@ -52,8 +54,11 @@ void print_stats(const DeviceStats& st, int iterations) {
               static_cast<long long>(st.fences_waited_gpu));
   std::printf("  cross-stream reuse          %lld settled, %lld after a GPU wait\n",
               static_cast<long long>(st.cross_stream_reuse_settled), static_cast<long long>(st.cross_stream_reuse_waited));
-  std::printf("  missing-wait warnings       %lld (check_sync:1; 0 when it is off)\n",
-              static_cast<long long>(st.missing_wait_warnings));
+  if (check_sync) {
+    std::printf("  missing-wait warnings       %lld (check_sync:1)\n", static_cast<long long>(st.missing_wait_warnings));
+  } else {
+    std::printf("  missing-wait warnings       not checked (check_sync is off; --conf check_sync:1 turns it on)\n");
+  }
   std::printf("  reserved                    %s now, %s peak; allocated peak %s; device allocs %lld\n",
               format_bytes(static_cast<std::size_t>(st.reserved_bytes[0].current)).c_str(),
               format_bytes(static_cast<std::size_t>(st.reserved_bytes[0].peak)).c_str(),
@@ -125,7 +130,21 @@ int main(int argc, char** argv) {
     {
       Allocator allocator(options, device->backend());
       std::printf("streamalloc demo on %s\n", device->description().c_str());
-      std::printf("options: %s\n", options.to_conf_string().c_str());
+      // Every option (STREAMALLOC_CONF syntax), a few to a line.
+      std::string line = "options: ";
+      const std::string all = options.to_conf_string();
+      for (std::size_t start = 0; start < all.size();) {
+        std::size_t end = all.find(',', start);
+        end = end == std::string::npos ? all.size() : end + 1;
+        const std::string item = all.substr(start, end - start);
+        if (line.size() + item.size() > 100) {
+          std::printf("%s\n", line.c_str());
+          line = "         ";
+        }
+        line += item;
+        start = end;
+      }
+      std::printf("%s\n", line.c_str());
       std::printf("pipeline: %s (wait_event %s, record_stream %s)\n", variant.c_str(), wait_event ? "on" : "OFF",
                   record_stream ? "on" : "OFF");
 
@@ -168,10 +187,14 @@ int main(int argc, char** argv) {
       }
     device->synchronize();
     allocator.process_fences();
-    print_stats(allocator.stats(0), iterations);
+    print_stats(allocator.stats(0), iterations, options.check_sync);
     if (!timeline_path.empty()) {
       const PendingHistory history = allocator.pending_history(0);
-      write_json(history.to_json(0), timeline_path, "pending history");
+      // The report labels the timeline with these: the streams by name, the device by kind.
+      nlohmann::json out = nlohmann::json::parse(history.to_json(0));
+      for (const auto& [stream, name] : names) out["stream_names"][std::to_string(stream)] = name;
+      out["device_kind"] = device->backend()->name() == "sim" ? "simulated device" : "GPU";
+      write_json(out.dump(), timeline_path, "pending history");
       std::printf("\npending bytes per stream over time: %s (%zu changes)\n", timeline_path.c_str(),
                   history.samples.size());
     }

@@ -7,6 +7,9 @@
 //   torch_native      PyTorch's CUDACachingAllocator through LibTorch (built with Torch, run with a GPU)
 //   cudaMallocAsync   the default memory pool with its release threshold at UINT64_MAX (GPU only)
 //   cudaMalloc        no caching at all (GPU only)
+//   sim_malloc        cudaMalloc-style on the simulated device (no cache, every free waits for the
+//                     device); only where streamalloc runs on the simulated device, and only when named
+//                     or asked for with PeerSelection::sim_baseline
 #pragma once
 
 #include <cstddef>
@@ -54,7 +57,7 @@ class Peer {
 
 // A peer that can be opened: name, device, and a factory.
 struct PeerKind {
-  std::string name;    // streamalloc | streamalloc_cabi | torch_native | cudaMallocAsync | cudaMalloc
+  std::string name;    // streamalloc | streamalloc_cabi | torch_native | cudaMallocAsync | cudaMalloc | sim_malloc
   std::string device;  // "sim" or "cuda": where the peer runs, shown in every result
   std::function<std::unique_ptr<Peer>()> open;
 
@@ -70,8 +73,10 @@ struct PeerSelection {
   // Extra streamalloc options ("key:value,..."), applied to both streamalloc peers; the backend key
   // is set from `device`.
   std::string streamalloc_conf;
-  // Peer names to keep; empty keeps all available ones.
+  // Peer names to keep; empty keeps all available ones (sim_malloc only with sim_baseline).
   std::vector<std::string> names;
+  // Add sim_malloc when streamalloc runs on the simulated device: the one peer that runs there.
+  bool sim_baseline = false;
 };
 
 // The peers available in this build on this machine, in a fixed order (streamalloc peers first).

@@ -15,6 +15,10 @@ namespace streamalloc::bench {
 PeerKind streamalloc_peer_kind(bool cuda, const std::string& conf);
 PeerKind streamalloc_cabi_peer_kind(bool cuda, const std::string& conf);
 
+// peer_sim.cpp: cudaMalloc-style allocation (no cache, every free waits for the device) on the simulated
+// device; beside streamalloc on the simulated device only, when asked for.
+PeerKind sim_malloc_peer_kind();
+
 #ifdef STREAMALLOC_BENCH_CUDA
 // peer_cuda.cpp: the CUDA runtime's allocators and the process-wide stream pool.
 bool gpu_present();

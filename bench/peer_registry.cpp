@@ -25,8 +25,12 @@ std::string join(const std::vector<std::string>& items) {
 }
 
 // Every peer name with the reason it is missing here, or "" when it is available.
-std::vector<std::pair<std::string, std::string>> peer_names(bool gpu) {
+std::vector<std::pair<std::string, std::string>> peer_names(bool gpu, bool streamalloc_on_cuda) {
+#ifdef STREAMALLOC_BENCH_CUDA
   const char* no_gpu = "needs a GPU (none found)";
+#else
+  (void)gpu;  // no peer of a build without CUDA depends on a GPU
+#endif
   std::string torch_reason;
 #ifdef STREAMALLOC_BENCH_TORCH
   torch_reason = gpu ? "" : no_gpu;
@@ -42,7 +46,8 @@ std::vector<std::pair<std::string, std::string>> peer_names(bool gpu) {
           {"streamalloc_cabi", ""},
           {"torch_native", torch_reason},
           {"cudaMallocAsync", cuda_reason},
-          {"cudaMalloc", cuda_reason}};
+          {"cudaMalloc", cuda_reason},
+          {"sim_malloc", streamalloc_on_cuda ? "runs only beside streamalloc on the simulated device" : ""}};
 }
 
 }  // namespace
@@ -70,7 +75,7 @@ std::vector<PeerKind> available_peers(const PeerSelection& selection) {
     streamalloc_on_cuda = true;
   }
 
-  const auto names = peer_names(gpu);
+  const auto names = peer_names(gpu, streamalloc_on_cuda);
   for (const std::string& wanted : selection.names) {
     auto it = std::find_if(names.begin(), names.end(), [&](const auto& n) { return n.first == wanted; });
     if (it == names.end()) {
@@ -97,6 +102,9 @@ std::vector<PeerKind> available_peers(const PeerSelection& selection) {
   if (gpu && wanted("cudaMallocAsync")) peers.push_back(cuda_malloc_async_peer_kind());
   if (gpu && wanted("cudaMalloc")) peers.push_back(cuda_malloc_peer_kind());
 #endif
+  // Not in the default set: `make bench` and the trace replays compare streamalloc with real allocators.
+  const bool named_sim = std::find(selection.names.begin(), selection.names.end(), "sim_malloc") != selection.names.end();
+  if (!streamalloc_on_cuda && (selection.sim_baseline || named_sim)) peers.push_back(sim_malloc_peer_kind());
   return peers;
 }
 
@@ -114,7 +122,8 @@ std::vector<std::pair<std::string, std::string>> machine_context() {
   out.emplace_back("torch", "not built");
 #endif
   std::string missing;
-  for (const auto& [name, reason] : peer_names(gpu_here())) {
+  for (const auto& [name, reason] : peer_names(gpu_here(), gpu_here())) {
+    if (name == "sim_malloc") continue;  // a stand-in, not a missing peer
     if (!reason.empty()) missing += (missing.empty() ? "" : "; ") + name + ": " + reason;
   }
   out.emplace_back("peers_missing", missing.empty() ? "none" : missing);

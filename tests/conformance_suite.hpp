@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -195,6 +196,12 @@ inline std::vector<ConformanceParam> conformance_params(const std::string& backe
 
 inline std::string conformance_name(const ::testing::TestParamInfo<ConformanceParam>& info) {
   return info.param.backend_name + "_" + to_string(info.param.policy);
+}
+
+// How gtest prints a parameter (test listings, failures): "backend sim, cross_stream_reuse never"
+// rather than the bytes of the struct.
+inline void PrintTo(const ConformanceParam& param, std::ostream* os) {
+  *os << "backend " << param.backend_name << ", cross_stream_reuse " << to_string(param.policy);
 }
 
 }  // namespace streamalloc::testing

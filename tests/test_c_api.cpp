@@ -166,7 +166,9 @@ TEST_F(CApi, ZeroStatsHaveTheKeysOfADeviceInUse) {
   EXPECT_EQ(zero_keys, used_keys);
   ASSERT_TRUE(zero.contains("memory_stats"));
   for (const auto& [key, value] : zero["memory_stats"].items()) {
-    if (value.is_number() && key != "max_split_size") EXPECT_EQ(value, 0) << key;
+    if (value.is_number() && key != "max_split_size") {
+      EXPECT_EQ(value, 0) << key;
+    }
   }
   EXPECT_EQ(zero["stream_stats"]["record_stream_calls"], 0);
 }

@@ -31,6 +31,18 @@ def _stream(value: int | None) -> str:
     return "default" if not value else hex(value)
 
 
+def _stream_label(history: dict, stream: int) -> str:
+    """'stream 0x2', or 'compute (stream 0x2)' where the history names its streams (the demo's does)."""
+    name = history.get("stream_names", {}).get(str(stream))
+    return f"{name} (stream {_stream(stream)})" if name else f"stream {_stream(stream)}"
+
+
+def _device_label(device: str, history: dict) -> str:
+    """'device 0', or 'device 0 (simulated device)' where the history says what kind of device ran."""
+    kind = history.get("device_kind")
+    return f"device {device} ({kind})" if kind else f"device {device}"
+
+
 def _count(stat) -> int:
     return stat.get("current", 0) if isinstance(stat, dict) else int(stat or 0)
 
@@ -201,11 +213,11 @@ def format_history(histories: dict[str, dict]) -> str:
         samples = len(h.get("time_us", []))
         span = (h["time_us"][-1] - h["time_us"][0]) / 1e6 if samples else 0.0
         lost = h.get("recorded", samples) - samples
-        lines.append(f"pending history, device {device}: {samples} changes over {span:.3f} s "
+        lines.append(f"pending history, {_device_label(device, h)}: {samples} changes over {span:.3f} s "
                      f"(ring of {h.get('capacity', 0)}" + (f", {lost} older ones overwritten)" if lost else ")"))
         for stream, (times, values) in series.get(device, {}).items():
             peak = max(range(len(values)), key=values.__getitem__)
-            lines.append(f"  stream {_stream(stream)}: peak {format_bytes(values[peak])} pending at "
+            lines.append(f"  {_stream_label(h, stream)}: peak {format_bytes(values[peak])} pending at "
                          f"{times[peak]:.3f} s, {format_bytes(values[-1])} at its last change ({len(values)} changes)")
     return "\n".join(lines)
 
@@ -228,9 +240,9 @@ def write_timeline(histories: dict[str, dict], out: str) -> None:
     for ax, (device, streams) in zip(axes[:, 0], series.items()):
         for stream, (times, values) in streams.items():
             ax.step(times + [end], [v / 2**20 for v in values + values[-1:]], where="post",
-                    label=f"stream {_stream(stream)}")
+                    label=_stream_label(histories[device], stream))
         ax.set_ylabel("pending MiB")
-        ax.set_title(f"device {device}: bytes freed but waiting for each stream's fences")
+        ax.set_title(f"{_device_label(device, histories[device])}: bytes freed but waiting for each stream's fences")
         ax.grid(alpha=0.3)
         ax.legend(loc="upper right", fontsize="small")
     axes[-1, 0].set_xlabel("seconds since the first sample")
