@@ -32,6 +32,12 @@ def venv_python(tmp_path_factory) -> Path:
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              check=True, capture_output=True, text=True).stdout.strip()
     (Path(purelib) / PTH.name).write_text(PTH.read_text())
+    # --system-site-packages gives the base interpreter's site-packages only: when the tests run from a
+    # virtual environment (where torch may be installed), its site-packages are added by a path file.
+    import site
+
+    parent_sites = [p for p in site.getsitepackages() + [site.getusersitepackages()] if os.path.isdir(p)]
+    (Path(purelib) / "000-parent-site-packages.pth").write_text("\n".join(parent_sites) + "\n")
     return python
 
 
@@ -160,7 +166,16 @@ SPAWN = """
         queue = ctx.Queue()
         p = ctx.Process(target=child, args=(queue,))
         p.start()
-        print(queue.get(timeout=240))
+        import queue as q
+        for _ in range(240):  # a child that dies without an answer ends the wait at once
+            try:
+                print(queue.get(timeout=1))
+                break
+            except q.Empty:
+                if not p.is_alive():
+                    raise SystemExit(f"the child exited with {p.exitcode} before answering")
+        else:
+            raise SystemExit("no answer from the child within 240 s")
         p.join()
 """
 
