@@ -48,7 +48,7 @@ help:
 	@echo "make traces    record allocation traces of real workloads (GPU machine, PyTorch)"
 	@echo "make bench     full benchmark run; writes docs/benchmarks.md and plots (build/benchmarks.md without a GPU)"
 	@echo "make audit-overhead  what audit/poison/check_sync/quarantine cost on the training loop (GPU machine)"
-	@echo "make detection-rate  how often each debug option catches the seed's bugs, over repeated runs (GPU machine)"
+	@echo "make detection-rate  how often each debug option catches the prefetch pipeline's bugs, over repeated runs (GPU machine)"
 	@echo "make gpu-sanitize  the GPU suite under compute-sanitizer memcheck"
 	@echo "make gpu-soak  on a GPU machine: the pipeline soak (SOAK_SECONDS=600, SOAK_STREAMS=4 stream pairs), every byte checked"
 	@echo "make test-asan / test-tsan   the CPU suite under ASan+UBSan / TSan"
@@ -66,7 +66,7 @@ test: build
 	$(PYTEST) || [ $$? -eq 5 ]
 
 # The main job: the allocation benchmark as a short table (streamalloc against each peer that runs here),
-# then the seed's multi-stream pipeline with the per-block stream report and a timeline of its pending
+# then the prefetch pipeline with the per-block stream report and a timeline of its pending
 # bytes per stream ($(BUILD)/demo_timeline.png). Each says whether it ran on the GPU or the simulated
 # device. Builds only what it runs. Without a GPU, a first demo leaves the CUDA backend and the PyTorch
 # plugin out (nothing here would run them; `make test` adds them); an existing build is kept as configured.
@@ -101,7 +101,7 @@ gpu-sanitize:
 	$(call build,$(BUILD),$(FULL_ARGS) -DSTREAMALLOC_CUDA=ON,streamalloc_gpu_tests)
 	compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 $(BUILD)/tests/streamalloc_gpu_tests
 
-# The seed's pipeline with random sizes (512 B to 64 MiB) on SOAK_STREAMS stream pairs for SOAK_SECONDS,
+# The prefetch pipeline with random sizes (512 B to 64 MiB) on SOAK_STREAMS stream pairs for SOAK_SECONDS,
 # every byte every consumer reads checked, then a leak check (bench/soak_workload.hpp). Fails on any wrong
 # byte, leak or broken invariant. The summary is also written to $(BUILD)/soak.json.
 SOAK_SECONDS ?= 600
@@ -132,7 +132,7 @@ bench: build
 	$(PYTHON) bench/report.py $(BUILD)/bench.json $(BUILD)/replay-*.json $(BUILD)/torch_empty.json $(BENCH_DOC)
 
 # streamalloc's diagnostic modes (audit, poison, check_sync, quarantine) against its defaults and PyTorch's
-# allocator on the seed's training loop (examples/train_with_prefetcher.py), one process per run, medians
+# allocator on the copy-overlap training loop (examples/train_with_prefetcher.py), one process per run, medians
 # of interleaved repetitions (~6.5 min on an H200). Uses the libraries of an earlier `make build` or
 # `make gpu-test`; skips without a GPU. AUDIT_OVERHEAD_ARGS adds options (e.g. --reps 3).
 AUDIT_OVERHEAD_ARGS ?=

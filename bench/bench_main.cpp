@@ -58,7 +58,7 @@ struct Flags {
   bool summary = false;
 };
 
-// The rows of --summary: the cached path, the seed's cross-stream pattern, and a churn of sizes.
+// The rows of --summary: the cached path, the prefetch pipeline's cross-stream pattern, and a churn of sizes.
 const char* const kSummaryFilter =
     "^(same_stream/[^/]*/bytes:1048576|cross_stream/[^/]*/bytes:1048576|mixed_sizes/[^/]*/max_live:64)(/|$)";
 

@@ -1,5 +1,5 @@
 // Audit, poisoning, quarantine and the happens-before check on the simulated device: each message
-// fires exactly when it should, and each debug option turns the seed's silent corruption loud.
+// fires exactly when it should, and each debug option turns the prefetch pipeline's silent corruption loud.
 #include <gtest/gtest.h>
 #include <unistd.h>
 

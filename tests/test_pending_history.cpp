@@ -141,7 +141,7 @@ TEST(PendingHistory, JsonHasOneListPerField) {
   EXPECT_EQ(json.at("pending_blocks")[0], 1);
 }
 
-// On the seed's fixed pipeline the history replays the per-stream stats: its largest value per stream is
+// On the fixed prefetch pipeline the history replays the per-stream stats: its largest value per stream is
 // the stream's peak, its last is the stream's current value.
 TEST(PendingHistory, SeedPipelineHistoryReplaysThePerStreamStats) {
   const auto result = testing::run_pipeline("pending_history:100000", testing::PipelineOptions{}, 200, 64 * KiB);

@@ -1,5 +1,5 @@
-// The seed's prefetch pipeline on the simulated device, under every reuse policy: each failure mode
-// of the seed is observable, and the fixed pipeline never reads wrong bytes.
+// The prefetch pipeline on the simulated device, under every reuse policy: each failure mode
+// of the broken pipelines is observable, and the fixed pipeline never reads wrong bytes.
 #include <gtest/gtest.h>
 
 #include <cstring>

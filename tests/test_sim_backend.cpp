@@ -1,6 +1,6 @@
 // SimBackend: the simulated device every CPU test stands on. These tests pin down the CUDA semantics it
 // models (stream order, last-record events, waits, host syncs), its memory limit, its errors and its
-// thread safety; in particular that the seed's missing-wait bug is observable on it.
+// thread safety; in particular that the prefetch pipeline's missing-wait bug is observable on it.
 #include "streamalloc/sim_backend.hpp"
 
 #include <gtest/gtest.h>
@@ -187,7 +187,7 @@ TEST(SimBackendStreams, WaitHoldsBackConsumerUntilProducerPassesTheRecord) {
   EXPECT_EQ(sim.counters().stream_waits, 1u);
 }
 
-// The seed's bug: a consumer stream reads a buffer a producer stream writes, with no wait between
+// The missing-wait bug: a consumer stream reads a buffer a producer stream writes, with no wait between
 // them. On the simulated device the consumer can run first and read the old bytes.
 TEST(SimBackendStreams, MissingWaitLetsConsumerReadStaleBytes) {
   SimBackend sim(manual_config());

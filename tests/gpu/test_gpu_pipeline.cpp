@@ -1,4 +1,4 @@
-// The seed's pipeline in raw CUDA on the Allocator: a producer stream fills a fresh batch, a consumer
+// The prefetch pipeline in raw CUDA on the Allocator: a producer stream fills a fresh batch, a consumer
 // stream waits for it and sums it, the batch is record_stream'ed on the consumer and freed at once,
 // and the next iteration allocates again. Every checksum of every iteration is checked, under every
 // cross_stream_reuse policy, with one consumer and with four.
@@ -159,7 +159,7 @@ TEST_F(GpuPipelineHazard, WithoutRecordStreamTheBatchIsReusedWhileTheConsumerRea
   ASSERT_TRUE(run.consumer_was_reading) << "the consumer finished before the reallocation; the control proves nothing";
   EXPECT_EQ(run.reallocated, run.batch) << "expected the unprotected batch to be handed out again at once";
   std::printf("[ streamalloc ] without record_stream the consumer %s\n",
-              run.consumer_read_overwritten_data ? "read the NEXT iteration's data (the seed's bug)"
+              run.consumer_read_overwritten_data ? "read the NEXT iteration's data (the missing-wait bug)"
                                                  : "happened to read intact data this time");
 }
 

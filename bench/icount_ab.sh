@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Instructions per C ABI alloc/free pair (same stream; with record_stream on a second stream) on the
+# simulated device, for two builds of libstreamalloc.so, counted by callgrind. Wall-clock medians on a
+# shared 2-core machine move by 30% between runs; instruction counts repeat.
+# Usage: bench/icount_ab.sh BASE_LIB_DIR NEW_LIB_DIR     (each a build's lib/ folder)
+set -euo pipefail
+base=$1 new=$2
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+cc -O2 "$(dirname "$0")/icount_pairs.c" -o "$dir/pairs" -L"$new" -lstreamalloc
+count() {  # LIB MODE N BYTES -> instructions of the whole run
+  LD_LIBRARY_PATH=$1 valgrind --tool=callgrind --callgrind-out-file=/dev/null "$dir/pairs" "$2" "$3" "$4" 2>&1 |
+    sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
+}
+printf '%-6s %9s %10s %10s %7s\n' mode bytes base new new/base
+for mode in same cross; do
+  for bytes in 4096 1048576; do
+    per_pair() { echo $(( ($(count "$1" "$mode" 120000 "$bytes") - $(count "$1" "$mode" 20000 "$bytes")) / 100000 )); }
+    b=$(per_pair "$base"); n=$(per_pair "$new")
+    printf '%-6s %9s %10s %10s %7.3f\n' "$mode" "$bytes" "$b" "$n" "$(awk -v n="$n" -v b="$b" 'BEGIN { print n / b }')"
+  done
+done
