@@ -140,7 +140,7 @@ audit-overhead:
 	$(RUN_ENV) $(PYTHON) bench/audit_overhead.py \
 	  --json $(BUILD)/audit_overhead.json --markdown $(BUILD)/audit_overhead.md $(AUDIT_OVERHEAD_ARGS)
 
-# Each seed pipeline example under each debug option, DETECTION_RUNS processes per row (about 5.6 s each on
+# Each prefetch pipeline example under each debug option, DETECTION_RUNS processes per row (about 5.6 s each on
 # an H200, so ~6 min for 8 rows x 8 runs):
 # in how many runs the bug showed (NaN, warnings) and, for the fixed pipelines, false alarms.
 DETECTION_RUNS ?= 8
