@@ -19,6 +19,7 @@
 #include "streamalloc/backend_factory.hpp"
 #include "streamalloc/blocks.hpp"
 #include "streamalloc/options.hpp"
+#include "streamalloc/pools.hpp"
 #include "streamalloc/stats.hpp"
 #include "streamalloc/types.hpp"
 
@@ -53,6 +54,37 @@ class Allocator {
   // below what is reserved releases cached segments; it never frees live blocks.
   void set_memory_fraction(double fraction, int device);
   double memory_fraction(int device) const;
+  // ---- memory pools (streamalloc/pools.hpp; docs/design.md, "Pools") ----
+  // Create private pool `pool` on `device` with one use, or add a use to it. Refused for the default
+  // pool (kInvalidArgument).
+  void create_or_incref_pool(int device, PoolId pool);
+  // Drop one use of `pool`; at none it is freeable: empty_cache() returns its free segments and erases
+  // it once it holds none. Refused (nothing changes) for a pool without uses.
+  void release_pool(int device, PoolId pool);
+  // Open a route: until end_allocate_to_pool, allocations on `device` whose stream `filter` accepts (the
+  // filter runs on the allocating thread) come from `pool`, which gets one more use (created if new).
+  // Routes are consulted newest first. Refused when a route to `pool` is already open.
+  void begin_allocate_to_pool(int device, PoolId pool, PoolFilter filter);
+  // Close the route to `pool` (the pool keeps its use until release_pool). Refused when none is open.
+  void end_allocate_to_pool(int device, PoolId pool);
+  int pool_use_count(int device, PoolId pool) const;  // 0 when `pool` does not exist
+  // use_on_oom: an allocation of the default pool that would fail takes a free block of this pool.
+  void set_pool_use_on_oom(int device, PoolId pool, bool use_on_oom);
+  // no_split: the pool's blocks are never split (each allocation takes a whole block).
+  void set_pool_no_split(int device, PoolId pool);
+  std::vector<PoolInfo> pools(int device) const;  // the default pool first
+  // empty_cache() of one pool, on every device: the default pool's is empty_cache(); a private pool's
+  // free segments go back only once it is freeable.
+  void empty_cache(PoolId pool);
+  // Save the block layout of a private pool; restore it: every live block of the pool is freed, the
+  // checkpoint's segments are split as saved, and its allocated blocks are live again. Refused before
+  // anything changes when the pool or one of the checkpoint's segments no longer exists, or when a
+  // graph capture is under way on the device.
+  PoolCheckpoint checkpoint_pool(int device, PoolId pool) const;
+  PoolRestore restore_pool(const PoolCheckpoint& checkpoint);
+  // True when the live blocks of `pool` are exactly `expected` (PyTorch's checkPoolLiveAllocations).
+  bool pool_live_blocks_are(int device, PoolId pool, const std::vector<const void*>& expected) const;
+
   // Record fences for open batches and poll completed ones on every device (normally done lazily).
   void process_fences();
   // Wait on the host for every fence; afterwards no block is pending.

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "streamalloc/pools.hpp"
 #include "streamalloc/types.hpp"
 
 namespace streamalloc {
@@ -35,6 +36,7 @@ struct SegmentInfo {
   std::size_t requested_size = 0;
   bool is_large = false;
   Stream stream = 0;  // stream the segment was reserved for
+  PoolId pool;        // the memory pool the segment belongs to ({0, 0}: the default pool)
   std::vector<BlockInfo> blocks;  // in address order
 };
 
