@@ -868,7 +868,7 @@ def recovery_default_stream():
 
 
 def case_recovery(results):
-    results["baseline"] = {"after": still_works()}
+    behaviour(results, "baseline", lambda: {"after": still_works()})
     behaviour(results, "raise_inside", recovery_raise_inside)
     behaviour(results, "illegal_item", recovery_illegal_item)
     behaviour(results, "illegal_synchronize", recovery_illegal_synchronize)
