@@ -4,7 +4,7 @@ PyTorch chooses its CUDA allocator once per process, so each group of behaviours
 interpreter: scripts/graphs_probe.py CASE (several behaviours per run, each reported separately) and
 scripts/compile_probe.py, started with plain `python` (PyTorch's allocator, whose behaviour is the
 contract) and with `python -m streamalloc` (the extension path, which serves PyTorch's pool hooks).
-Every run is made once per session and shared by the tests that read it.
+Each process runs once per pytest run; the tests that read its results share it.
 
 The isolation case also runs under PyTorch's stock Python CUDAPluggableAllocator over
 libstreamalloc.so, which has no pool hooks: there the hazard that graph pools prevent must show, which
