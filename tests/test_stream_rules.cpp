@@ -390,7 +390,7 @@ TEST(StreamRules, MemoryFractionCapsReservation) {
   s.a().set_memory_fraction(0.25, 0);  // lowering the cap releases cached segments
   EXPECT_EQ(s.stats().reserved_bytes[0].current, 0);
   EXPECT_DOUBLE_EQ(s.a().memory_fraction(0), 0.25);
-  EXPECT_THROW(s.a().set_memory_fraction(0.0, 0), Error);
+  EXPECT_THROW(s.a().set_memory_fraction(-0.1, 0), Error);  // PyTorch's range is [0, 1]
   EXPECT_THROW(s.a().set_memory_fraction(1.5, 0), Error);
   s.a().validate();
 }

@@ -7,6 +7,7 @@ interpreter: a probe script under tests/python/scripts/ or an example under exam
 
 import json
 import math
+import re
 
 import pytest
 
@@ -193,16 +194,35 @@ def test_snapshot_is_readable_by_memory_viz():
     assert out["pickled_segments"] > 0
 
 
+SIZE = r"(?:\d+ bytes|\d+\.\d\d (?:KiB|MiB|GiB))"  # PyTorch's format_size
+
+
+def oom_head(tried=SIZE, allowed=False):
+    """PyTorch's first sentences of an out-of-memory error; NVML's per-process lines are optional."""
+    return (rf"^CUDA out of memory\. Tried to allocate {tried}\. GPU 0 has a total capacity of {SIZE} of which "
+            rf"{SIZE} is free\. (?:(?:Process \d+|Including non-PyTorch memory, this process) has {SIZE} memory "
+            rf"in use\. )*{SIZE + ' allowed; ' if allowed else ''}Of the allocated memory {SIZE} is allocated by "
+            rf"PyTorch, and {SIZE} is reserved by PyTorch but unallocated\.")
+
+
 @requires_extension
-def test_out_of_memory_raises_and_training_continues():
-    out = run(SCRIPTS / "oom_probe.py", conf="memory_fraction:0.05")
-    for key in ("huge", "capped"):
-        assert out[key].startswith("CUDA out of memory."), out[key]
-        assert "streamalloc" in out[key]
+@pytest.mark.parametrize("allocator", ["native", "streamalloc"])
+def test_out_of_memory_raises_and_training_continues(allocator):
+    out = run(SCRIPTS / "oom_probe.py", streamalloc=allocator == "streamalloc")
+    assert re.match(oom_head(tried=r"1048576\.00 GiB"), out["huge"]), out["huge"]
+    assert re.match(oom_head(tried=r"800000000\.00 GiB"), out["huge_pytorch_test"]), out["huge_pytorch_test"]
+    assert out["exa"].startswith("CUDA out of memory. Tried to allocate more than 1EB memory."), out["exa"]
+    assert re.match(oom_head(allowed=True), out["capped"]), out["capped"]
+    assert out["fraction_zero"] == 0.0
+    assert re.match(oom_head(tried=r"64\.00 MiB", allowed=True), out["zero_cap"]), out["zero_cap"]
+    assert "0 bytes allowed; " in out["zero_cap"]
+    if allocator == "streamalloc":
+        for key in ("huge", "huge_pytorch_test", "capped", "zero_cap"):
+            assert re.search(r"unallocated\. streamalloc \(cuda\): ", out[key]), out[key]
     assert out["gib_held_at_oom"] >= 1
     assert math.isfinite(out["loss_after"])
-    assert out["num_ooms"] >= 2
-    assert len(out["observer_calls"]) >= 2 and all(call[0] == 0 for call in out["observer_calls"])
+    assert out["num_ooms"] >= 4
+    assert len(out["observer_calls"]) >= 4 and all(call[0] == 0 for call in out["observer_calls"])
 
 
 def test_enable_after_cuda_init_fails_clearly():
