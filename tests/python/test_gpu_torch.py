@@ -169,7 +169,19 @@ def test_memory_stats_match_native_keys_and_live_bytes():
     ours = run(SCRIPTS / "memory_stats_probe.py")
     assert ours["allocator"] == "extension"
     assert ours["keys"] == native["keys"]
+    # The exact key set in every state: PyTorch builds the dict from every field of its DeviceStats,
+    # each of which streamalloc fills (tests/torch/test_torch_convert.cpp).
+    assert ours["keys_by_state"] == native["keys_by_state"]
+    states = ours["keys_by_state"]
+    assert states["fresh"] == []  # before CUDA is initialised, under either allocator
+    for name in ("initialised", "allocated", "peak_reset", "accumulated_reset", "emptied"):
+        assert states[name] == native["keys"], name
+    for key in ("active_bytes.all.current", "requested_bytes.large_pool.peak", "oversize_allocations.current",
+                "oversize_segments.freed", "max_split_size", "num_sync_all_streams", "num_device_alloc",
+                "num_device_free", "inactive_split_bytes.small_pool.allocated"):
+        assert key in native["keys"], key
     for out in (native, ours):
+        assert out["reserved_after_empty_cache"] == 0
         assert out["memory_allocated"] == out["expected_allocated"]
         assert out["live_allocations"] == 8
         assert out["peak_with_big"] >= out["expected_allocated"] + (64 << 20)
