@@ -14,7 +14,7 @@ namespace streamalloc::testing {
 
 class FaultBackend final : public Backend {
  public:
-  enum class Op { kReserve, kCreateEvent, kRecordEvent, kQueryEvent, kSynchronizeEvent, kStreamWait, kMemset };
+  enum class Op { kReserve, kCreateEvent, kRecordEvent, kQueryEvent, kQueryStream, kSynchronizeEvent, kStreamWait, kMemset };
 
   explicit FaultBackend(std::shared_ptr<Backend> inner) : inner_(std::move(inner)) {}
 
@@ -41,6 +41,10 @@ class FaultBackend final : public Backend {
   bool query_event(int device, Event event) override {
     trip(Op::kQueryEvent, "query_event");
     return inner_->query_event(device, event);
+  }
+  bool query_stream(int device, Stream stream) override {
+    trip(Op::kQueryStream, "query_stream");
+    return inner_->query_stream(device, stream);
   }
   void synchronize_event(int device, Event event) override {
     trip(Op::kSynchronizeEvent, "synchronize_event");

@@ -41,13 +41,17 @@ struct MixedState {
     free_after_use(kBig, producer, {});
     live = s.a().allocate(1000, 0, other);
     void* q = s.a().allocate(16 * KiB, 1, remote);
+    s.sim->enqueue(1, remote_user, [] {});
     s.a().record_stream(q, remote_user);
     s.a().deallocate(q, 16 * KiB, 1, remote);
     s.a().validate();
   }
   void* free_after_use(std::size_t size, Stream stream, std::vector<Stream> users) {
     void* p = s.a().allocate(size, 0, stream);
-    for (Stream u : users) s.a().record_stream(p, u);
+    for (Stream u : users) {
+      s.sim->enqueue(0, u, [] {});  // the use: work that keeps u busy, so the block stays pending
+      s.a().record_stream(p, u);
+    }
     s.a().deallocate(p, size, 0, stream);
     return p;
   }

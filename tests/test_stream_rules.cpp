@@ -2,7 +2,9 @@
 // device in manual mode, where the test decides when each stream's work runs.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "sim_fixture.hpp"
@@ -77,6 +79,98 @@ TEST(StreamRules, Rule3_PendingBlockIsNotReusedBeforeItsFence) {
   void* r = s.a().allocate(kBig, 0, a);
   void* r2 = s.a().allocate(kBig, 0, a);
   EXPECT_TRUE(r == p || r2 == p) << "released after the fence";
+  s.a().validate();
+}
+
+// PyTorch's record_stream contract: a block recorded on a busy stream is not handed out again on its
+// allocation stream while that stream works, and the allocation after a host sync gets it back.
+TEST(StreamRules, Rule3_RecordedBlockComesBackAfterTheBusyStreamIsSynchronized) {
+  SimSetup s("");
+  const Stream a = s.sim->create_stream();
+  const Stream b = s.sim->create_stream();
+  void* p = s.a().allocate(kBig, 0, a);
+  s.a().record_stream(p, b);
+  s.sim->enqueue(0, b, [] {});  // b is busy with work that uses the block
+  s.a().deallocate(p, kBig, 0, a);
+  void* q = s.a().allocate(kBig, 0, a);
+  EXPECT_NE(q, p) << "handed out while b still works";
+  s.sim->synchronize_stream(0, b);  // stream.synchronize()
+  void* r = s.a().allocate(kBig, 0, a);
+  EXPECT_EQ(r, p) << "not handed back by the first allocation after the sync";
+  EXPECT_EQ(s.stats().segment[0].current, 2);
+  s.a().validate();
+}
+
+// As PyTorch's allocator with small tensors: the block pending on b sits next to free space of its
+// segment, so after the sync a cached block could serve the allocation; the pending block, now safe, is
+// still the one handed back (the allocation polls pending blocks once per coarse clock tick).
+TEST(StreamRules, Rule3_ASmallRecordedBlockComesBackAfterTheSyncThoughCachedSpaceCouldServe) {
+  SimSetup s("");
+  const Stream a = s.sim->create_stream();
+  const Stream b = s.sim->create_stream();
+  void* p = s.a().allocate(16, 0, a);
+  s.a().record_stream(p, b);
+  s.sim->enqueue(0, b, [] {});  // b is busy with work that uses the block
+  s.a().deallocate(p, 16, 0, a);
+  void* q = s.a().allocate(16, 0, a);
+  EXPECT_NE(q, p) << "handed out while b still works";
+  s.sim->synchronize_stream(0, b);
+  std::this_thread::sleep_for(std::chrono::milliseconds(25));  // past a tick of the coarse clock
+  void* r = s.a().allocate(16, 0, a);
+  EXPECT_EQ(r, p) << "a larger cached block was carved instead of the pending block made safe by the sync";
+  EXPECT_EQ(s.stats().segment[0].current, 1);
+  s.a().validate();
+}
+
+// The same when the free's batch is still open at the host sync (a fence of b was in flight when the
+// block was freed, so the free recorded no event): the allocation that misses after the sync finds b
+// idle and releases the batch without recording an event that the sync would not have covered.
+TEST(StreamRules, Rule4_ABatchOpenAtAHostSyncIsReleasedByTheNextMiss) {
+  SimSetup s("");
+  const Stream a = s.sim->create_stream();
+  const Stream b = s.sim->create_stream();
+  void* p0 = s.a().allocate(kBig, 0, a);
+  void* p = s.a().allocate(kBig, 0, a);
+  void* spare = s.a().allocate(kBig, 0, a);
+  s.a().record_stream(p0, b);
+  s.a().record_stream(p, b);
+  s.sim->enqueue(0, b, [] {});  // b is busy
+  s.a().deallocate(spare, kBig, 0, a);
+  s.a().deallocate(p0, kBig, 0, a);  // fences at once: b's fence goes in flight behind the work
+  s.a().deallocate(p, kBig, 0, a);   // joins b's open batch: a fence is in flight
+  EXPECT_EQ(s.sim->counters().event_records, 1u);
+  void* q = s.a().allocate(kBig, 0, a);  // served by the spare block, without a miss
+  EXPECT_EQ(q, spare);
+  s.sim->synchronize_stream(0, b);  // runs the work and b's fence; the open batch has no event
+  void* r1 = s.a().allocate(kBig, 0, a);
+  void* r2 = s.a().allocate(kBig, 0, a);
+  EXPECT_TRUE((r1 == p0 && r2 == p) || (r1 == p && r2 == p0)) << "both pending blocks come back";
+  EXPECT_EQ(s.stats().segment[0].current, 3) << "no new segment";
+  EXPECT_EQ(s.stats().fences_skipped_idle, 1);
+  EXPECT_EQ(s.sim->queued_items(0, b), 0u) << "no event recorded on b for its batch";
+  EXPECT_EQ(s.stats().pending_blocks.current, 0);
+  s.a().validate();
+}
+
+// A busy stream is asked, found busy, and fenced as before.
+TEST(StreamRules, Rule4_ABusyStreamsBatchIsFencedNotReleased) {
+  SimSetup s("");
+  const Stream a = s.sim->create_stream();
+  const Stream b = s.sim->create_stream();
+  void* p0 = s.a().allocate(kBig, 0, a);
+  void* p = s.a().allocate(kBig, 0, a);
+  s.a().record_stream(p0, b);
+  s.a().record_stream(p, b);
+  s.sim->enqueue(0, b, [] {});
+  s.a().deallocate(p0, kBig, 0, a);
+  s.a().deallocate(p, kBig, 0, a);  // open batch behind the fence in flight
+  s.sim->advance(0, b, 2);          // the work and the first fence run; b is idle...
+  s.sim->enqueue(0, b, [] {});      // ...and busy again, so the batch needs a fence of its own
+  void* q = s.a().allocate(kBig, 0, a);  // a miss: p0 comes back, p must not
+  EXPECT_EQ(q, p0);
+  EXPECT_EQ(s.stats().fences_skipped_idle, 0);
+  EXPECT_EQ(s.stats().pending_blocks.current, 1);
+  EXPECT_GE(s.sim->counters().stream_queries, 1u);
   s.a().validate();
 }
 
@@ -319,7 +413,7 @@ TEST(StreamRules, MemoryFractionCapsReservation) {
   s.a().set_memory_fraction(0.25, 0);  // lowering the cap releases cached segments
   EXPECT_EQ(s.stats().reserved_bytes[0].current, 0);
   EXPECT_DOUBLE_EQ(s.a().memory_fraction(0), 0.25);
-  EXPECT_THROW(s.a().set_memory_fraction(0.0, 0), Error);
+  EXPECT_THROW(s.a().set_memory_fraction(-0.1, 0), Error);  // PyTorch's range is [0, 1]
   EXPECT_THROW(s.a().set_memory_fraction(1.5, 0), Error);
   s.a().validate();
 }

@@ -144,9 +144,10 @@ bool Allocator::pool_live_blocks_are(int device, PoolId pool, const std::vector<
 }
 
 void Allocator::set_memory_fraction(double fraction, int device) {
-  if (!(fraction > 0.0 && fraction <= 1.0)) {
-    throw Error(ErrorCode::kInvalidArgument, "streamalloc: memory fraction " + std::to_string(fraction) +
-                                                 " is out of range; pass a value in (0, 1].");
+  // PyTorch's range and words: 0 is a valid cap (no new device memory at all), NaN is not.
+  if (!(fraction >= 0.0 && fraction <= 1.0)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("streamalloc: invalid fraction:{}. Please set within [0, 1].", fraction));
   }
   cache(device).set_memory_fraction(fraction);
 }

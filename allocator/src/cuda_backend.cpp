@@ -129,6 +129,17 @@ class CudaBackend final : public Backend {
     return true;
   }
 
+  bool query_stream(int device, Stream stream) override {
+    DeviceGuard guard(device);
+    const cudaError_t err = cudaStreamQuery(to_cuda(stream));
+    if (err == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // "not yet" is an answer, not an error
+      return false;
+    }
+    check(err, "cudaStreamQuery", device);
+    return true;
+  }
+
   void synchronize_event(int device, Event event) override {
     DeviceGuard guard(device);
     check(cudaEventSynchronize(to_cuda(event)), "cudaEventSynchronize", device);

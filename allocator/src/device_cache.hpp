@@ -218,6 +218,7 @@ class DeviceCache {
   // and pipelining").
   static constexpr std::chrono::microseconds kFenceBatchWindow{20};
   Clock::time_point last_fence_pass_{};
+  Clock::time_point last_pending_poll_{};  // coarse clock: the allocation path's poll of pending blocks
   // Last: the debugging aids, out of the way of the fields the hot path reads. Null when all are off.
   std::unique_ptr<DebugAids> aids_;
 };

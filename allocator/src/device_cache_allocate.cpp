@@ -20,8 +20,30 @@
 namespace streamalloc {
 
 namespace {
-// Larger than any device: rejects absurd sizes before rounding could overflow.
-constexpr std::size_t kMaxRequest = std::size_t{1} << 56;
+// PyTorch refuses requests of 1 EiB and more before anything else ("more than 1EB"); below that,
+// rounding cannot overflow.
+constexpr std::size_t kMaxRequest = (std::size_t{1} << 60) - 1;
+
+// The first sentences of PyTorch's out-of-memory error (c10/cuda/CUDACachingAllocator.cpp), in its
+// units (format_size), so that people and tools that read PyTorch's OOM errors read these alike.
+// `tried`: the device allocation that failed, as PyTorch reports it (the segment size, not the
+// request). PyTorch's per-process usage from NVML ("Process N has X memory in use.") is left out, as
+// PyTorch leaves it out where NVML is missing. Under the CUDA backend the text starts with PyTorch's
+// "CUDA out of memory."; the plugin turns "by streamalloc" into PyTorch's "by PyTorch".
+std::string out_of_memory_head(const std::string& backend, int device, std::size_t tried,
+                               const DeviceMemoryInfo& info, double fraction, std::size_t cap,
+                               std::size_t allocated, std::size_t reserved) {
+  std::string head = fmt::format(
+      "{} out of memory. Tried to allocate {}. GPU {} has a total capacity of {} of which {} is free. ",
+      backend == "cuda" ? "CUDA" : "Simulated device", format_size(tried), device, format_size(info.total_bytes),
+      format_size(info.free_bytes));
+  if (fraction < 1.0) head += format_size(cap) + " allowed; ";
+  head += fmt::format(
+      "Of the allocated memory {} is allocated by streamalloc, and {} is reserved by streamalloc but "
+      "unallocated.",
+      format_size(allocated), format_size(reserved > allocated ? reserved - allocated : 0));
+  return head;
+}
 }  // namespace
 
 void* DeviceCache::allocate(std::size_t requested, Stream stream) {
@@ -40,6 +62,18 @@ void* DeviceCache::allocate(std::size_t requested, Stream stream) {
     // parked: their 2 MiB segments bound what fragmentation can cost, and code cycling through a few
     // small sizes keeps hitting the list.
     if (kind == PoolKind::kLarge) flush_hot(own, 0);
+  }
+  // While blocks are pending, their fences may have completed since the last pass (a host sync, or
+  // time): PyTorch's allocator polls its events on every allocation, so after a sync it hands a
+  // pending block back even when a larger cached block could serve. The cache polls before the best
+  // fit too, but at most once per tick of the coarse clock (a few ms), so that a cross-stream loop keeps
+  // its batched fences.
+  if (stats_.pending_blocks.current > 0) {
+    const Clock::time_point now = coarse_now();
+    if (now != last_pending_poll_) {
+      last_pending_poll_ = now;
+      close_batches_and_poll();
+    }
   }
 
   Block* block = find_free(pool, kind, size, stream);
@@ -161,11 +195,23 @@ Block* DeviceCache::hand_out(Block* block, std::size_t requested, Stream stream)
 }
 
 void DeviceCache::throw_larger_than_device(std::size_t requested) {
-  ++stats_.num_ooms;
-  const std::string msg = fmt::format(
-      "streamalloc: cannot allocate {} ({} bytes) on device {}: larger than the device's total memory of {}. "
-      "Check the size computation of this tensor.",
-      format_bytes(requested), requested, device_, format_bytes(device_total_));
+  std::string msg;
+  if (requested > kMaxRequest) {
+    // PyTorch's words for a size no device has; like PyTorch, not counted in num_ooms.
+    msg = fmt::format("{} out of memory. Tried to allocate more than 1EB memory. streamalloc: {} bytes requested "
+                      "on device {}; check the size computation of this tensor.",
+                      backend_.name() == "cuda" ? "CUDA" : "Simulated device", requested, device_);
+  } else {
+    ++stats_.num_ooms;
+    const std::size_t size = size_policy::round_size(requested, options_);
+    msg = out_of_memory_head(backend_.name(), device_, size_policy::segment_size_for(size),
+                             backend_.memory_info(device_), memory_fraction_, memory_cap(),
+                             static_cast<std::size_t>(stats_.allocated_bytes[0].current), segments_.reserved_bytes());
+    msg += fmt::format(
+        " streamalloc ({}): the request of {} bytes is larger than the device's total memory of {}; nothing was "
+        "flushed. Check the size computation of this tensor.",
+        backend_.name(), requested, format_size(device_total_));
+  }
   if (aids_ != nullptr) aids_->on_out_of_memory(msg);
   throw Error(ErrorCode::kOutOfMemory, msg);
 }
@@ -176,15 +222,18 @@ void DeviceCache::throw_out_of_memory(std::size_t requested, std::size_t size, S
   std::size_t cached_free = 0;
   default_pool_.free.for_each([&](const Block* b) { cached_free += b->size; });
   for (const auto& [id, pool] : private_pools_) pool->free.for_each([&](const Block* b) { cached_free += b->size; });
-  std::string msg = fmt::format(
-      "streamalloc: out of memory on device {} ({}): tried to allocate {} ({} rounded) on stream {:#x}. Device: {} "
-      "total, {} free. streamalloc: {} reserved, {} allocated, {} cached free, {} pending in {} block(s)",
-      device_, backend_.name(), format_bytes(requested), format_bytes(size), stream, format_bytes(info.total_bytes),
-      format_bytes(info.free_bytes), format_bytes(segments_.reserved_bytes()),
-      format_bytes(static_cast<std::size_t>(stats_.allocated_bytes[0].current)), format_bytes(cached_free),
-      format_bytes(static_cast<std::size_t>(stats_.pending_bytes.current)), stats_.pending_blocks.current);
+  std::string msg = out_of_memory_head(backend_.name(), device_, size_policy::segment_size_for(size), info,
+                                       memory_fraction_, memory_cap(),
+                                       static_cast<std::size_t>(stats_.allocated_bytes[0].current),
+                                       segments_.reserved_bytes());
+  msg += fmt::format(
+      " streamalloc ({}): request of {} ({} rounded) on stream {:#x}; {} reserved, {} cached free, {} pending in "
+      "{} block(s)",
+      backend_.name(), format_size(requested), format_size(size), stream, format_size(segments_.reserved_bytes()),
+      format_size(cached_free), format_size(static_cast<std::size_t>(stats_.pending_bytes.current)),
+      stats_.pending_blocks.current);
   if (memory_fraction_ < 1.0) {
-    msg += fmt::format("; memory fraction cap {} = {}", memory_fraction_, format_bytes(memory_cap()));
+    msg += fmt::format("; memory fraction cap {} = {}", memory_fraction_, format_size(memory_cap()));
   }
   msg += ".";
   std::vector<std::pair<std::int64_t, Stream>> holders;
@@ -197,11 +246,11 @@ void DeviceCache::throw_out_of_memory(std::size_t requested, std::size_t size, S
     msg += " Largest pending holders (streams whose fences hold freed blocks):";
     for (std::size_t i = 0; i < holders.size() && i < 3; ++i) {
       msg += fmt::format(" stream {:#x} holds {};", holders[i].second,
-                         format_bytes(static_cast<std::size_t>(holders[i].first)));
+                         format_size(static_cast<std::size_t>(holders[i].first)));
     }
   }
-  msg += " What to do: free tensors you no longer need, lower the batch size, or set max_split_size_mb to "
-         "reduce fragmentation if cached free memory is large.";
+  msg += " What to do: free tensors you no longer need, lower the batch size, or, if reserved but unallocated "
+         "memory is large, set STREAMALLOC_CONF=max_split_size_mb:N to reduce fragmentation.";
   if (aids_ != nullptr) aids_->on_out_of_memory(msg);
   log().debug("{}", msg);
   throw Error(ErrorCode::kOutOfMemory, msg);

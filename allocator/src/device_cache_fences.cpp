@@ -86,7 +86,7 @@ void DeviceCache::finish_fence(StreamState& state, Fence& fence) {
     const Stream stream = state.stream();
     note_pending_changed(Clock::now(), &stream, 1);
   }
-  events_.release(fence.event);
+  if (fence.event != nullptr) events_.release(fence.event);  // none for a batch completed idle
   // Settle this stream's owned free blocks up to the completed sequence number.
   while (Block* head = state.settle_list.head()) {
     if (head->settle_seq > state.fences.completed_seq()) break;
@@ -104,15 +104,45 @@ bool DeviceCache::any_stream_capturing() {
 }
 
 // Close every open batch (one event per stream) and pop completed fences, oldest first per stream.
+//
+// After a host sync (stream.synchronize(), torch.cuda.synchronize(), event.synchronize()) the next
+// allocation that misses should get back the blocks pending on the synchronized stream, as PyTorch's
+// allocator gives them back. A batch left open until now would get an event recorded after the sync,
+// which the poll right after may find incomplete, so those blocks would wait for a later miss. So a
+// batch that holds pending blocks, on a stream with no fence in flight (after polling the fences
+// recorded before the sync, which the sync completed), is released without an event when the stream
+// is idle: all work enqueued on it has completed, the free's last use included. One stream query
+// replaces the event record and query; only streams with pending blocks are asked, only here.
 void DeviceCache::close_batches_and_poll() {
   flush_all_hot();  // parked blocks join the free lists, where they can merge and settle
   if (any_stream_capturing()) return;
+  // Uses from a capture that has ended leave their batches first (an idle batch completes without
+  // close_batch, which would drop them otherwise).
+  if (!capture_uses_.empty()) drop_ended_capture_uses();
   const auto now = Clock::now();
   for (auto& [stream, state] : streams_) {
-    close_batch(*state);
     Fence fence;
     std::uint64_t queries = 0;
-    while (state->fences.pop_completed(backend_, device_, &fence, &queries)) finish_fence(*state, fence);
+    bool oldest_incomplete = false;  // then no newer fence of the stream can have completed either
+    const bool has_pending = !state->fences.open_pending().empty();
+    if (has_pending && !state->fences.in_flight().empty()) {
+      while (state->fences.pop_completed(backend_, device_, &fence, &queries)) finish_fence(*state, fence);
+      oldest_incomplete = !state->fences.in_flight().empty();
+    }
+    bool idle = false;
+    if (has_pending && state->fences.in_flight().empty()) {
+      ++queries;
+      idle = backend_.query_stream(device_, stream);
+    }
+    if (idle && state->fences.complete_open_batch(&fence)) {
+      ++stats_.fences_skipped_idle;
+      finish_fence(*state, fence);
+    } else {
+      close_batch(*state);
+    }
+    if (!oldest_incomplete) {
+      while (state->fences.pop_completed(backend_, device_, &fence, &queries)) finish_fence(*state, fence);
+    }
     stats_.fences_polled += static_cast<std::int64_t>(queries);
     if (aids_ != nullptr && !state->fences.in_flight().empty()) {
       aids_->on_fence_in_flight(stream, state->fences.in_flight().front(), now);

@@ -56,6 +56,19 @@ bool FenceQueue::close_batch(Backend& backend, EventPool& pool, int device) {
   return true;
 }
 
+bool FenceQueue::complete_open_batch(Fence* out) {
+  if (!open_has_members_ || !in_flight_.empty()) return false;
+  Fence fence;
+  fence.seq = open_seq_;
+  fence.pending.swap(open_pending_);
+  fence.recorded_at = Clock::now();
+  *out = std::move(fence);
+  ++open_seq_;
+  open_has_members_ = false;
+  mark_completed(out->seq);
+  return true;
+}
+
 bool FenceQueue::pop_completed(Backend& backend, int device, Fence* out, std::uint64_t* queries) {
   if (in_flight_.empty()) return false;
   ++*queries;

@@ -105,7 +105,7 @@ bool parse_fraction(std::string_view text, double* out) {
   double value = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec != std::errc() || end != text.data() + text.size()) return false;
-  if (!(value > 0.0 && value <= 1.0)) return false;  // also rejects nan
+  if (!(value >= 0.0 && value <= 1.0)) return false;  // PyTorch's range; also rejects nan
   *out = value;
   return true;
 }
@@ -162,7 +162,7 @@ const OptionSpec kOptionTable[] = {
      },
      [](const Options& o) { return std::to_string(o.roundup_power2_divisions); }},
     {"memory_fraction", "cap on reserved bytes per device, as a fraction of device memory",
-     [] { return std::string("a number F with 0 < F <= 1"); },
+     [] { return std::string("a number F with 0 <= F <= 1"); },
      [](Options& o, std::string_view v) { return parse_fraction(v, &o.memory_fraction); },
      [](const Options& o) { return double_string(o.memory_fraction); }},
     {"log_level", "spdlog level of streamalloc's log",

@@ -410,6 +410,14 @@ bool SimBackend::query_event(int device, Event event) {
   return ev->completed(ev->last_recorded);
 }
 
+bool SimBackend::query_stream(int device, Stream stream) {
+  State::Lock lock(state_->mutex);
+  const StreamQueue& q = state_->queue(device, stream, "query_stream");
+  state_->refuse_during_capture(device, "query_stream");
+  ++state_->counters.stream_queries;
+  return q.finished == q.enqueued;
+}
+
 void SimBackend::synchronize_event(int device, Event event) {
   State::Lock lock(state_->mutex);
   std::shared_ptr<SimEvent> ev = state_->event(device, event, "synchronize_event", true);

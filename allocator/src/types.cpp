@@ -32,4 +32,21 @@ std::string format_bytes(std::size_t bytes) {
   return buf;
 }
 
+// PyTorch's units, boundaries included: up to 1024 is "N bytes", up to 1 MiB KiB, up to 1 GiB MiB, then
+// GiB (no TiB), two decimals.
+std::string format_size(std::size_t bytes) {
+  char buf[48];
+  const auto value = static_cast<double>(bytes);
+  if (bytes <= 1024) {
+    std::snprintf(buf, sizeof buf, "%zu bytes", bytes);
+  } else if (bytes <= MiB) {
+    std::snprintf(buf, sizeof buf, "%.2f KiB", value / static_cast<double>(KiB));
+  } else if (bytes <= GiB) {
+    std::snprintf(buf, sizeof buf, "%.2f MiB", value / static_cast<double>(MiB));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2f GiB", value / static_cast<double>(GiB));
+  }
+  return buf;
+}
+
 }  // namespace streamalloc

@@ -7,6 +7,7 @@ interpreter: a probe script under tests/python/scripts/ or an example under exam
 
 import json
 import math
+import re
 
 import pytest
 
@@ -43,18 +44,21 @@ def test_record_stream_contract(allocator):
         assert s[name]["side_busy"], f"{name}: the side stream finished before the checks; raise BUSY_CYCLES"
     # Control: without record_stream the allocator reuses the block at once (unsafe, and expected).
     assert s["unprotected"]["reused_while_busy"]
+    recorded = ["record_base", "record_view", "record_base_device_sync", "record_view_event_sync"]
     # Recorded on the busy stream (directly, or through a view starting inside it): not reused early...
-    assert not s["record_base"]["reused_while_busy"]
-    assert not s["record_view"]["reused_while_busy"]
-    # ...and reusable once that stream is synchronised.
-    assert s["record_base"]["reused_after_sync"]
-    assert s["record_view"]["reused_after_sync"]
+    for name in recorded:
+        assert not s[name]["reused_while_busy"], name
+    # ...and handed back by the first allocation after the host synchronises with that stream, however
+    # it synchronises, even when the free's batch was still open at the sync.
+    for name in recorded + ["open_batch"]:
+        assert s[name]["reused_after_sync"], name
     if allocator == "streamalloc":
         side = out["side_stream"]
-        for name in ("record_base", "record_view"):
+        for name in recorded:
             assert s[name]["state_while_busy"] == "active_pending_free"
             assert s[name]["recorded_streams"] == [side]
-        assert out["stream_stats"]["record_stream_calls"] == 2
+        assert out["stream_stats"]["record_stream_calls"] == 6
+        assert out["stream_stats"]["fences_skipped_idle"] >= 1  # the open batch, released without an event
 
 
 # ---- the prefetch pipelines ----
@@ -165,7 +169,19 @@ def test_memory_stats_match_native_keys_and_live_bytes():
     ours = run(SCRIPTS / "memory_stats_probe.py")
     assert ours["allocator"] == "extension"
     assert ours["keys"] == native["keys"]
+    # The exact key set in every state: PyTorch builds the dict from every field of its DeviceStats,
+    # each of which streamalloc fills (tests/torch/test_torch_convert.cpp).
+    assert ours["keys_by_state"] == native["keys_by_state"]
+    states = ours["keys_by_state"]
+    assert states["fresh"] == []  # before CUDA is initialised, under either allocator
+    for name in ("initialised", "allocated", "peak_reset", "accumulated_reset", "emptied"):
+        assert states[name] == native["keys"], name
+    for key in ("active_bytes.all.current", "requested_bytes.large_pool.peak", "oversize_allocations.current",
+                "oversize_segments.freed", "max_split_size", "num_sync_all_streams", "num_device_alloc",
+                "num_device_free", "inactive_split_bytes.small_pool.allocated"):
+        assert key in native["keys"], key
     for out in (native, ours):
+        assert out["reserved_after_empty_cache"] == 0
         assert out["memory_allocated"] == out["expected_allocated"]
         assert out["live_allocations"] == 8
         assert out["peak_with_big"] >= out["expected_allocated"] + (64 << 20)
@@ -190,16 +206,35 @@ def test_snapshot_is_readable_by_memory_viz():
     assert out["pickled_segments"] > 0
 
 
+SIZE = r"(?:\d+ bytes|\d+\.\d\d (?:KiB|MiB|GiB))"  # PyTorch's format_size
+
+
+def oom_head(tried=SIZE, allowed=False):
+    """PyTorch's first sentences of an out-of-memory error; NVML's per-process lines are optional."""
+    return (rf"^CUDA out of memory\. Tried to allocate {tried}\. GPU 0 has a total capacity of {SIZE} of which "
+            rf"{SIZE} is free\. (?:(?:Process \d+|Including non-PyTorch memory, this process) has {SIZE} memory "
+            rf"in use\. )*{SIZE + ' allowed; ' if allowed else ''}Of the allocated memory {SIZE} is allocated by "
+            rf"PyTorch, and {SIZE} is reserved by PyTorch but unallocated\.")
+
+
 @requires_extension
-def test_out_of_memory_raises_and_training_continues():
-    out = run(SCRIPTS / "oom_probe.py", conf="memory_fraction:0.05")
-    for key in ("huge", "capped"):
-        assert out[key].startswith("CUDA out of memory."), out[key]
-        assert "streamalloc" in out[key]
+@pytest.mark.parametrize("allocator", ["native", "streamalloc"])
+def test_out_of_memory_raises_and_training_continues(allocator):
+    out = run(SCRIPTS / "oom_probe.py", streamalloc=allocator == "streamalloc")
+    assert re.match(oom_head(tried=r"1048576\.00 GiB"), out["huge"]), out["huge"]
+    assert re.match(oom_head(tried=r"800000000\.00 GiB"), out["huge_pytorch_test"]), out["huge_pytorch_test"]
+    assert out["exa"].startswith("CUDA out of memory. Tried to allocate more than 1EB memory."), out["exa"]
+    assert re.match(oom_head(allowed=True), out["capped"]), out["capped"]
+    assert out["fraction_zero"] == 0.0
+    assert re.match(oom_head(tried=r"64\.00 MiB", allowed=True), out["zero_cap"]), out["zero_cap"]
+    assert "0 bytes allowed; " in out["zero_cap"]
+    if allocator == "streamalloc":
+        for key in ("huge", "huge_pytorch_test", "capped", "zero_cap"):
+            assert re.search(r"unallocated\. streamalloc \(cuda\): ", out[key]), out[key]
     assert out["gib_held_at_oom"] >= 1
     assert math.isfinite(out["loss_after"])
-    assert out["num_ooms"] >= 2
-    assert len(out["observer_calls"]) >= 2 and all(call[0] == 0 for call in out["observer_calls"])
+    assert out["num_ooms"] >= 4
+    assert len(out["observer_calls"]) >= 4 and all(call[0] == 0 for call in out["observer_calls"])
 
 
 def test_enable_after_cuda_init_fails_clearly():

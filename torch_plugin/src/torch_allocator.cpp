@@ -1,6 +1,7 @@
 #include "torch_allocator.hpp"
 
 #include <algorithm>
+#include <string>
 #include <utility>
 
 #include <c10/cuda/CUDAException.h>
@@ -148,8 +149,20 @@ void TorchAllocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream
                static_cast<int64_t>(info.free_bytes));
     }
   }
-  // "CUDA out of memory." first: tools that retry with smaller batches look for that phrase.
-  C10_THROW_ERROR(OutOfMemoryError, std::string("CUDA out of memory. ") + error.what());
+  // The core's text starts with PyTorch's own sentences ("CUDA out of memory. Tried to allocate ...");
+  // tools that retry with smaller batches, and people, look for them. Under PyTorch the allocator is
+  // PyTorch's, so its sentences say so, as PyTorch's do.
+  static const std::pair<std::string, std::string> kPyTorchWords[] = {
+      {" is allocated by streamalloc, and ", " is allocated by PyTorch, and "},
+      {" is reserved by streamalloc but unallocated.", " is reserved by PyTorch but unallocated."}};
+  std::string message = error.what();
+  for (const auto& [ours, theirs] : kPyTorchWords) {
+    const std::size_t at = message.find(ours);
+    if (at != std::string::npos) message.replace(at, ours.size(), theirs);
+  }
+  const std::string headline = "CUDA out of memory.";
+  if (message.compare(0, headline.size(), headline) != 0) message = headline + " " + message;
+  C10_THROW_ERROR(OutOfMemoryError, message);
 }
 
 // ---- life cycle and policy ----

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 
 namespace streamalloc::torch {
@@ -21,6 +22,15 @@ void copy_stats(const StatArray& from, c10::CachingAllocator::StatArray& to) {
 }
 
 }  // namespace
+
+// torch.cuda.memory_stats() turns every field of c10's DeviceStats into keys, so every field must come
+// from streamalloc's numbers. The fields counted here are the ones filled below: nine pool stat arrays,
+// two single stats and six integers (five event counts and max_split_size). A PyTorch that adds a field
+// fails this assertion instead of serving a zero under a new key.
+static_assert(sizeof(c10::CachingDeviceAllocator::DeviceStats) ==
+                  9 * sizeof(c10::CachingAllocator::StatArray) + 2 * sizeof(c10::CachingAllocator::Stat) +
+                      6 * sizeof(std::int64_t),
+              "c10's DeviceStats changed: fill its new fields in to_torch_stats");
 
 c10::CachingDeviceAllocator::DeviceStats to_torch_stats(const DeviceStats& stats) {
   c10::CachingDeviceAllocator::DeviceStats out;

@@ -50,8 +50,10 @@ class Allocator {
 
   // Release every cached segment that is entirely free and settled (after closing and polling fences).
   void empty_cache();
-  // Cap reserved bytes of `device` at fraction * device memory (0 < fraction <= 1). Lowering the cap
-  // below what is reserved releases cached segments; it never frees live blocks.
+  // Cap reserved bytes of `device` at fraction * device memory (0 <= fraction <= 1, PyTorch's range;
+  // anything else is kInvalidArgument). At 0 no allocation gets new device memory: only free memory
+  // already in segments serves. Lowering the cap below what is reserved releases cached segments; it
+  // never frees live blocks.
   void set_memory_fraction(double fraction, int device);
   double memory_fraction(int device) const;
   // ---- memory pools (streamalloc/pools.hpp; docs/design.md, "Pools") ----

@@ -46,6 +46,9 @@ class Backend {
   virtual bool query_event(int device, Event event) = 0;
   // Block the calling host thread until the last record of `event` has completed.
   virtual void synchronize_event(int device, Event event) = 0;
+  // True when all work enqueued on `stream` so far has completed (cudaStreamQuery). Never blocks. Like
+  // an event query, not allowed while a stream captures.
+  virtual bool query_stream(int device, Stream stream) = 0;
   // Make all work enqueued on `stream` after this call wait for the last record of `event`.
   // The host does not wait.
   virtual void stream_wait_event(int device, Stream stream, Event event) = 0;

@@ -16,9 +16,11 @@
 // - Streams are identified by the Stream values create_stream() hands out, plus the default stream 0
 //   on every device. A stream value the backend has never seen is adopted on first use as a stream of
 //   the device it is used with, so handles coming through the C ABI work too.
+// - query_stream is true when every item enqueued on the stream so far has run (a host function still
+//   running counts as not run), as cudaStreamQuery.
 // - set_capturing() marks a stream as capturing a graph. While any stream of the device captures,
-//   query_event, synchronize_event and release fail as CUDA's do in global capture mode, and
-//   record_event on the capturing stream fails (on CUDA it would become a graph node, not a fence);
+//   query_event, query_stream, synchronize_event and release fail as CUDA's do in global capture mode,
+//   and record_event on the capturing stream fails (on CUDA it would become a graph node, not a fence);
 //   each is also counted as a capture violation. reserve() works (relaxed-mode cudaMalloc).
 //
 // Work functions run on the thread that advances the stream, with no backend lock held; they must
@@ -51,10 +53,11 @@ class SimBackend final : public Backend {
     std::uint64_t events_destroyed = 0;
     std::uint64_t event_records = 0;
     std::uint64_t event_queries = 0;
+    std::uint64_t stream_queries = 0;
     std::uint64_t event_synchronizes = 0;
     std::uint64_t stream_waits = 0;
     std::uint64_t memsets = 0;
-    std::uint64_t capture_violations = 0;  // event query/sync while a stream of the device captures
+    std::uint64_t capture_violations = 0;  // a query or event sync while a stream of the device captures
   };
 
   SimBackend();
@@ -70,6 +73,7 @@ class SimBackend final : public Backend {
   void destroy_event(int device, Event event) override;
   void record_event(int device, Event event, Stream stream) override;
   bool query_event(int device, Event event) override;
+  bool query_stream(int device, Stream stream) override;
   void synchronize_event(int device, Event event) override;
   void stream_wait_event(int device, Stream stream, Event event) override;
   bool is_capturing(int device, Stream stream) override;

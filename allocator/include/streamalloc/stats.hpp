@@ -63,9 +63,10 @@ using StatArray = std::array<Stat, kPoolKinds>;
   X(record_stream_duplicate, "record_stream repeating a stream already recorded")          \
   X(record_stream_unknown_ptr, "record_stream on a pointer that is not live")              \
   X(fences_recorded, "fence events recorded (each covers a batch of frees on one stream)") \
-  X(fences_polled, "fence queries")                                                        \
+  X(fences_polled, "fence queries (events, and streams asked whether they are idle)")       \
   X(fences_waited_gpu, "GPU-side waits on a fence (cross_stream_reuse:wait)")              \
   X(fences_synced_host, "host synchronizations on a fence")                                \
+  X(fences_skipped_idle, "batches of pending frees released without an event (stream idle)") \
   X(cross_stream_reuse_settled, "allocations served by a settled block of another stream") \
   X(cross_stream_reuse_waited, "allocations served after a GPU-side wait on a fence")      \
   X(frees_deferred_capture, "frees whose fences waited for a graph capture to end")        \

@@ -49,5 +49,8 @@ class Error : public std::runtime_error {
 
 // Human-readable byte count ("1.50 MiB") for messages and reports.
 std::string format_bytes(std::size_t bytes);
+// A byte count exactly as PyTorch's CUDA allocator prints it ("512 bytes", "1024.00 KiB", "20.00 MiB",
+// "79.19 GiB"), for the out-of-memory sentences that mirror PyTorch's.
+std::string format_size(std::size_t bytes);
 
 }  // namespace streamalloc

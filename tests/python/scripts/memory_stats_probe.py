@@ -14,8 +14,15 @@ def round512(n: int) -> int:
 
 
 def main() -> None:
+    # torch.cuda.memory_stats()'s keys in each state, to compare with PyTorch's allocator: before CUDA
+    # is initialised (an empty dict under any allocator), after initialisation, with live blocks, after
+    # empty_cache() and after each reset.
+    keys = {"fresh": sorted(torch.cuda.memory_stats())}
+    torch.cuda.init()
+    keys["initialised"] = sorted(torch.cuda.memory_stats())
     tensors = [torch.empty(s, dtype=torch.uint8, device="cuda") for s in SIZES]
     torch.cuda.synchronize()
+    keys["allocated"] = sorted(torch.cuda.memory_stats())
     result = {
         "expected_allocated": sum(round512(s) for s in SIZES),
         "memory_allocated": torch.cuda.memory_allocated(),
@@ -39,7 +46,14 @@ def main() -> None:
     result["peak_after_reset"] = torch.cuda.max_memory_allocated()
     result["current_after_reset"] = torch.cuda.memory_allocated()
     result["fraction"] = torch.cuda.get_per_process_memory_fraction()
+    keys["peak_reset"] = sorted(torch.cuda.memory_stats())
+    torch.cuda.reset_accumulated_memory_stats()
+    keys["accumulated_reset"] = sorted(torch.cuda.memory_stats())
     del tensors
+    torch.cuda.empty_cache()
+    keys["emptied"] = sorted(torch.cuda.memory_stats())
+    result["reserved_after_empty_cache"] = torch.cuda.memory_reserved()
+    result["keys_by_state"] = keys
     emit(result)
 
 
