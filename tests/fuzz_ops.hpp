@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <map>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -89,7 +90,8 @@ struct Op {
     kProcessFences,
     kEmptyCache,
     kSetFraction,    // memory_fraction = `count` / 4
-    kCapture,        // toggle graph capture on stream
+    kCapture,        // toggle graph capture on stream (with a route to the stream's pool)
+    kCheckpoint,     // the stream's pool: save a checkpoint (count 0), restore it (1), drop the graph's use (2)
     kRecordDead,     // record_stream on a freed pointer: counted, never fatal
     kDoubleFree,     // deallocate a freed pointer: kInvalidArgument, nothing changes
     kWrongSizeFree,  // deallocate live block `pick` with a wrong size: kInvalidArgument
@@ -113,6 +115,7 @@ inline const char* to_string(Op::Kind kind) {
     case Op::Kind::kEmptyCache: return "empty_cache";
     case Op::Kind::kSetFraction: return "set_memory_fraction";
     case Op::Kind::kCapture: return "toggle_capture";
+    case Op::Kind::kCheckpoint: return "checkpoint_pool";
     case Op::Kind::kRecordDead: return "record_stream(dead pointer)";
     case Op::Kind::kDoubleFree: return "double_free";
     case Op::Kind::kWrongSizeFree: return "free(wrong size)";
@@ -167,6 +170,10 @@ inline Op decode_op(OpSource& src, const FuzzConfig& config) {
     op.count = 1 + static_cast<unsigned>(src.below(4));
   } else if (r < 970) {
     op.kind = Op::Kind::kCapture;
+    op.flag = src.below(4) == 0;  // starts a capture only when set, so that captures stay short
+  } else if (r < 976) {
+    op.kind = Op::Kind::kCheckpoint;
+    op.count = static_cast<unsigned>(src.below(3));
   } else if (r < 985) {
     op.kind = Op::Kind::kRecordDead;
   } else if (r < 993) {
@@ -240,7 +247,10 @@ class OpRunner {
   bool finish() {
     if (!failure_.empty()) return false;
     try {
-      for (std::size_t i = 0; i < capturing_.size(); ++i) set_capture(static_cast<int>(i), false);
+      for (std::size_t i = 0; i < capturing_.size(); ++i) {
+        if (capturing_[i]) set_capture(static_cast<int>(i), false);
+      }
+      for (std::size_t i = 0; i < capturing_.size(); ++i) checkpoint(static_cast<int>(i), 2);  // graphs go away
       sim_->synchronize_all();
       pull_tag_failures();
       while (!model_.empty()) free_block(model_.live_count() - 1, false, true);
@@ -282,6 +292,8 @@ class OpRunner {
   std::uint64_t ops() const { return ops_; }
   std::uint64_t tag_checks() const { return tags_->checks; }
   std::uint64_t ooms() const { return ooms_; }
+  std::uint64_t pool_allocations() const { return pool_allocations_; }  // routed to a capture's pool
+  std::uint64_t restores() const { return restores_; }                  // checkpoint restores applied
   std::uint64_t allocations() const { return allocations_; }
   // Allocations the OOM oracle said must succeed (how much the "no spurious OOM" check covered).
   std::uint64_t must_fit_allocations() const { return must_fit_allocations_; }
@@ -322,8 +334,13 @@ class OpRunner {
         // Only streams that already allocated: the Backend answers "is this stream capturing" per
         // stream, so a capture on a stream the allocator has never seen is invisible to it, and its
         // event queries on other streams would break that capture. docs/design.md, "Stream rules", rule 6.
-        if (allocated_on_[op.stream] || capturing_[op.stream]) set_capture(op.stream, !capturing_[op.stream]);
+        if (capturing_[op.stream]) {
+          set_capture(op.stream, false);
+        } else if (allocated_on_[op.stream] && op.flag) {
+          set_capture(op.stream, true);
+        }
         break;
+      case Op::Kind::kCheckpoint: checkpoint(op.stream, op.count); break;
       case Op::Kind::kRecordDead: record_dead(op.pick, op.stream); break;
       case Op::Kind::kDoubleFree: double_free(op.pick); break;
       case Op::Kind::kWrongSizeFree:
@@ -338,8 +355,9 @@ class OpRunner {
     // Conservative: a small request must succeed when, even if every live block pinned a whole
     // segment of its own, a fresh small segment (plus slack for the cap's rounding) still fits under
     // the cap. During capture fences cannot be polled, so pending memory may legitimately be stuck.
+    // Private pools keep their free segments while they have uses, so their reserved bytes are spoken for.
     const bool must_fit = size > 0 && size < ReferenceModel::kSmallRequest && !any_capturing() &&
-                          model_.pinned_bound() + 2 * ReferenceModel::kSmallSegment <= cap();
+                          model_.pinned_bound() + private_reserved() + 2 * ReferenceModel::kSmallSegment <= cap();
     const bool cannot_fit = size > config_.memory_limit;
     if (must_fit) ++must_fit_allocations_;
     void* ptr = nullptr;
@@ -375,18 +393,28 @@ class OpRunner {
     block.stream = stream;
     block.tag = static_cast<std::uint8_t>(1 + allocations_ % 254);  // never 0x00 or the 0xFF poison
     block.id = allocations_++;
-    auto* bytes = static_cast<std::uint8_t*>(ptr);
-    const std::uint8_t tag = block.tag;
-    sim_->enqueue(0, stream, [bytes, size, tag] {
-      bytes[0] = tag;
-      bytes[size - 1] = tag;
-    });
+    // During a capture the stream's work goes into the graph and runs only at replays, which this
+    // model does not run: such blocks carry no tag. They must come from the stream's pool.
+    block.tagged = !capturing_[stream_index];
+    if (capturing_[stream_index]) {
+      block.pool = pool_of_stream(stream_index);
+      ++pool_allocations_;
+    }
+    if (block.tagged) {
+      auto* bytes = static_cast<std::uint8_t*>(ptr);
+      const std::uint8_t tag = block.tag;
+      sim_->enqueue(0, stream, [bytes, size, tag] {
+        bytes[0] = tag;
+        bytes[size - 1] = tag;
+      });
+    }
     model_.add(std::move(block));
     allocated_on_[stream_index] = true;
   }
 
   // Enqueues on `stream` a read that checks the block still carries its tag when the stream runs it.
   void enqueue_tag_check(const ModelBlock& block, Stream stream, const char* use) {
+    if (!block.tagged || capturing_[index_of(stream)]) return;
     auto* bytes = reinterpret_cast<const std::uint8_t*>(block.address);
     const std::size_t size = block.size;
     const std::uint8_t tag = block.tag;
@@ -417,15 +445,19 @@ class OpRunner {
   void record(std::size_t index, int stream_index) {
     const ModelBlock& block = model_.at(index);
     const Stream stream = streams_[stream_index];
-    if (stream != block.stream) {
+    // While either stream captures, the hand-off and the read would be nodes of a graph that this model
+    // never replays: only the record_stream call itself is made then.
+    const bool in_graph = capturing_[index_of(block.stream)] || capturing_[stream_index];
+    if (stream != block.stream && !in_graph) {
       // The consumer waits for the producer, as correct user code would (the tag write comes first).
       const Event event = handoff_[index_of(block.stream)];
       sim_->record_event(0, event, block.stream);
       sim_->stream_wait_event(0, stream, event);
     }
-    enqueue_tag_check(block, stream, "read");
+    if (!in_graph) enqueue_tag_check(block, stream, "read");
     allocator_->record_stream(reinterpret_cast<void*>(block.address), stream);
-    model_.record(index, stream);
+    // A use recorded while its stream captures lasts until that capture ends (the capture rule).
+    if (model_.record(index, stream) && capturing_[stream_index]) model_.at_mutable(index).capture_recorded.push_back(stream);
   }
 
   void set_fraction(double fraction) {
@@ -434,9 +466,85 @@ class OpRunner {
     expect(allocator_->memory_fraction(0) == fraction, "memory_fraction(0) does not return what was set");
   }
 
+  // A capture opens a route to the stream's own pool, as PyTorch does for a graph (the route adds a
+  // use, which the graph keeps after the capture until kCheckpoint drops it); its end closes the route.
   void set_capture(int stream_index, bool capturing) {
-    sim_->set_capturing(0, streams_[stream_index], capturing);
+    const Stream stream = streams_[stream_index];
+    sim_->set_capturing(0, stream, capturing);
     capturing_[stream_index] = capturing;
+    if (capturing) {
+      allocator_->begin_allocate_to_pool(0, pool_of_stream(stream_index), [stream](Stream s) { return s == stream; });
+      pools_used_ = true;
+      return;
+    }
+    allocator_->end_allocate_to_pool(0, pool_of_stream(stream_index));
+    for (std::size_t i = 0; i < model_.live_count(); ++i) {
+      ModelBlock& block = model_.at_mutable(i);
+      auto dropped = std::find(block.capture_recorded.begin(), block.capture_recorded.end(), stream);
+      if (dropped == block.capture_recorded.end()) continue;
+      block.capture_recorded.erase(dropped);
+      block.recorded.erase(std::find(block.recorded.begin(), block.recorded.end(), stream));
+    }
+  }
+
+  static PoolId pool_of_stream(int stream_index) { return PoolId{static_cast<std::uint64_t>(stream_index) + 1, 0}; }
+
+  std::size_t private_reserved() const {
+    if (!pools_used_) return 0;
+    std::size_t bytes = 0;
+    for (const PoolInfo& pool : allocator_->pools(0)) {
+      if (!pool.id.is_default()) bytes += pool.reserved_bytes;
+    }
+    return bytes;
+  }
+
+  // Save the pool's layout (0), or restore the saved one (1): the pool's live blocks are freed and the
+  // saved live blocks are live again; a restore whose segments were given back since is refused
+  // unchanged. Or (2) drop the graph's uses of the pool, so that empty_cache may free its memory.
+  void checkpoint(int stream_index, unsigned what) {
+    const PoolId pool = pool_of_stream(stream_index);
+    if (allocator_->pool_use_count(0, pool) == 0 || any_capturing()) return;  // no such pool, or it is freeable
+    if (what == 2) {
+      while (allocator_->pool_use_count(0, pool) > 0) allocator_->release_pool(0, pool);
+      return;
+    }
+    if (what == 0) {
+      checkpoints_[stream_index] = allocator_->checkpoint_pool(0, pool);
+      return;
+    }
+    auto saved = checkpoints_.find(stream_index);
+    if (saved == checkpoints_.end()) return;
+    PoolRestore restored;
+    try {
+      restored = allocator_->restore_pool(saved->second);
+      ++restores_;
+    } catch (const Error& e) {
+      expect(e.code() == ErrorCode::kInvalidArgument, std::string("restore failed with ") + e.what());
+      checkpoints_.erase(saved);
+      return;
+    }
+    for (void* ptr : restored.freed) {
+      const ModelBlock* block = model_.find(reinterpret_cast<std::uintptr_t>(ptr));
+      if (!expect(block != nullptr, "restore freed " + hex(reinterpret_cast<std::uintptr_t>(ptr)) + ", not live")) return;
+      expect(block->pool == pool, "restore freed a block of another pool");
+      model_.remove(static_cast<std::size_t>(block - &model_.at(0)));
+    }
+    for (const SegmentLayout& segment : saved->second.segments) {
+      for (const BlockLayout& layout : segment.blocks) {
+        if (!layout.allocated) continue;
+        ModelBlock block;
+        block.address = layout.address;
+        block.size = layout.requested;
+        block.stream = layout.stream;
+        block.tagged = false;
+        block.pool = pool;
+        block.id = allocations_++;
+        expect(std::find(restored.allocated.begin(), restored.allocated.end(),
+                         reinterpret_cast<void*>(layout.address)) != restored.allocated.end(),
+               "restore did not hand back saved live block " + hex(layout.address));
+        model_.add(std::move(block));
+      }
+    }
   }
 
   void record_dead(std::uint64_t pick, int stream_index) {
@@ -512,6 +620,8 @@ class OpRunner {
   void compare_block_table() {
     std::size_t live = 0;
     std::size_t allocated_bytes = 0;
+    std::map<std::uintptr_t, PoolId> pool_of_segment;
+    for (const SegmentInfo& segment : allocator_->segments(0)) pool_of_segment[segment.address] = segment.pool;
     for (const BlockInfo& info : allocator_->blocks(0)) {
       if (info.state != BlockInfo::State::kAllocated) continue;
       ++live;
@@ -526,6 +636,7 @@ class OpRunner {
       expect(info.size >= block->size && info.size % 512 == 0,
              name + ": occupies " + std::to_string(info.size) + " bytes for a request of " + std::to_string(block->size));
       expect(info.allocation_stream == block->stream, name + ": wrong allocation stream");
+      expect(pool_of_segment[info.segment_address] == block->pool, name + ": in another memory pool than its route's");
       std::vector<Stream> recorded = info.recorded_streams;
       std::sort(recorded.begin(), recorded.end());
       expect(recorded == block->recorded, name + ": recorded streams differ from the record_stream calls");
@@ -594,6 +705,9 @@ class OpRunner {
       case Op::Kind::kSyncStream:
       case Op::Kind::kCapture:
       case Op::Kind::kRecordDead: text << " stream " << op.stream; break;
+      case Op::Kind::kCheckpoint:
+        text << (op.count == 0 ? " save" : op.count == 1 ? " restore" : " release") << " pool of stream " << op.stream;
+        break;
       case Op::Kind::kSetFraction: text << ' ' << op.count / 4.0; break;
       default: break;
     }
@@ -622,6 +736,10 @@ class OpRunner {
   std::vector<bool> capturing_;
   std::vector<bool> allocated_on_;  // streams the allocator has served an allocation on
   double fraction_ = 1.0;
+  bool pools_used_ = false;
+  std::uint64_t pool_allocations_ = 0;
+  std::uint64_t restores_ = 0;
+  std::map<int, PoolCheckpoint> checkpoints_;  // per stream's pool
   std::uint64_t ops_ = 0;
   std::uint64_t allocations_ = 0;
   std::uint64_t ooms_ = 0;

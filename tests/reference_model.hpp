@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "streamalloc/pools.hpp"
 #include "streamalloc/types.hpp"
 
 namespace streamalloc::testing {
@@ -23,6 +24,9 @@ struct ModelBlock {
   Stream stream = 0;                  // allocation stream
   std::vector<Stream> recorded;       // streams passed to record_stream (other than `stream`), sorted
   std::uint8_t tag = 0;               // written to the first and last byte on `stream` at allocation
+  bool tagged = true;                 // false: allocated inside a graph capture, where no work runs
+  PoolId pool;                        // the memory pool it must come from
+  std::vector<Stream> capture_recorded;  // streams of `recorded` recorded while that stream captured
   std::uint64_t id = 0;               // allocation number, for messages
 };
 
@@ -42,6 +46,7 @@ class ReferenceModel {
   std::size_t live_bytes() const { return live_bytes_; }
   bool empty() const { return blocks_.empty(); }
   const ModelBlock& at(std::size_t index) const { return blocks_[index]; }
+  ModelBlock& at_mutable(std::size_t index) { return blocks_[index]; }
   const std::vector<ModelBlock>& blocks() const { return blocks_; }
 
   // Bytes the allocator may need to keep reserved for the live blocks, at most, once every cached

@@ -73,15 +73,20 @@ TEST_P(ModelFuzz, RandomOperationsKeepEveryInvariant) {
   EXPECT_EQ(runner.ops(), ops);
 
   // The run must have exercised what it claims to check: reads that could see a reused block, and
-  // (in long runs) the out-of-memory path.
+  // (in long runs) the out-of-memory path, allocations routed to a capture's pool, and restored
+  // checkpoints.
   EXPECT_GT(runner.tag_checks(), ops / 10);
   if (ops >= 20000) {
     EXPECT_GT(runner.ooms(), 0u);
+    EXPECT_GT(runner.pool_allocations(), 0u);
+    EXPECT_GT(runner.restores(), 0u);
   }
   RecordProperty("ops", static_cast<int>(runner.ops()));
   RecordProperty("tag_checks", static_cast<int>(runner.tag_checks()));
   RecordProperty("ooms", static_cast<int>(runner.ooms()));
   RecordProperty("must_fit_allocations", static_cast<int>(runner.must_fit_allocations()));
+  RecordProperty("pool_allocations", static_cast<int>(runner.pool_allocations()));
+  RecordProperty("restores", static_cast<int>(runner.restores()));
 }
 
 INSTANTIATE_TEST_SUITE_P(

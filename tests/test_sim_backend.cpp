@@ -373,7 +373,7 @@ TEST(SimBackendMemset, RangeOutsideAReservationIsAnError) {
   EXPECT_EQ(sim.counters().memsets, 1u);
 }
 
-TEST(SimBackendCapture, EventQueriesAndSyncsDuringCaptureAreCounted) {
+TEST(SimBackendCapture, EventQueriesSyncsAndReleasesFailDuringCapture) {
   SimBackend sim(manual_config(2));
   Stream capturing = sim.create_stream(0);
   Stream other = sim.create_stream(0);
@@ -384,14 +384,19 @@ TEST(SimBackendCapture, EventQueriesAndSyncsDuringCaptureAreCounted) {
   EXPECT_TRUE(sim.is_capturing(0, capturing));
   EXPECT_FALSE(sim.is_capturing(0, other));
   sim.record_event(0, event, other);
-  EXPECT_FALSE(sim.query_event(0, event)) << "a violation still answers";
-  sim.synchronize_event(0, event);
+  EXPECT_THROW(sim.query_event(0, event), Error);
+  EXPECT_THROW(sim.synchronize_event(0, event), Error);
+  EXPECT_THROW(sim.record_event(0, event, capturing), Error) << "a fence cannot be recorded in a graph";
+  void* memory = sim.reserve(0, 4096);
+  ASSERT_NE(memory, nullptr) << "reserving works during a capture (relaxed mode)";
+  EXPECT_THROW(sim.release(0, memory, 4096), Error);
   EXPECT_TRUE(sim.query_event(1, event1)) << "device 1 is not capturing";
-  EXPECT_EQ(sim.counters().capture_violations, 2u);
+  EXPECT_EQ(sim.counters().capture_violations, 4u);
   sim.set_capturing(0, capturing, false);
   sim.set_capturing(0, capturing, false);  // idempotent
-  EXPECT_TRUE(sim.query_event(0, event));
-  EXPECT_EQ(sim.counters().capture_violations, 2u);
+  EXPECT_FALSE(sim.query_event(0, event)) << "the record before the capture has not run";
+  sim.release(0, memory, 4096);
+  EXPECT_EQ(sim.counters().capture_violations, 4u);
 }
 
 TEST(SimBackendErrors, BadDeviceUnknownEventAndForeignPointersThrow) {

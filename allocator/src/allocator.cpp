@@ -117,6 +117,32 @@ void Allocator::empty_cache() {
   for (int d = 0; d < device_count(); ++d) cache(d).empty_cache();
 }
 
+void Allocator::empty_cache(PoolId pool) {
+  for (int d = 0; d < device_count(); ++d) cache(d).empty_cache(pool);
+}
+
+// ---- memory pools: each is one device's; the cache checks the pool, the facade the device.
+
+void Allocator::create_or_incref_pool(int device, PoolId pool) { cache(device).create_or_incref_pool(pool); }
+void Allocator::release_pool(int device, PoolId pool) { cache(device).release_pool(pool); }
+void Allocator::begin_allocate_to_pool(int device, PoolId pool, PoolFilter filter) {
+  cache(device).begin_allocate_to_pool(pool, std::move(filter));
+}
+void Allocator::end_allocate_to_pool(int device, PoolId pool) { cache(device).end_allocate_to_pool(pool); }
+int Allocator::pool_use_count(int device, PoolId pool) const { return cache(device).pool_use_count(pool); }
+void Allocator::set_pool_use_on_oom(int device, PoolId pool, bool use_on_oom) {
+  cache(device).set_pool_use_on_oom(pool, use_on_oom);
+}
+void Allocator::set_pool_no_split(int device, PoolId pool) { cache(device).set_pool_no_split(pool); }
+std::vector<PoolInfo> Allocator::pools(int device) const { return cache(device).pools(); }
+PoolCheckpoint Allocator::checkpoint_pool(int device, PoolId pool) const { return cache(device).checkpoint_pool(pool); }
+PoolRestore Allocator::restore_pool(const PoolCheckpoint& checkpoint) {
+  return cache(checkpoint.device).restore_pool(checkpoint);
+}
+bool Allocator::pool_live_blocks_are(int device, PoolId pool, const std::vector<const void*>& expected) const {
+  return cache(device).pool_live_blocks_are(pool, expected);
+}
+
 void Allocator::set_memory_fraction(double fraction, int device) {
   if (!(fraction > 0.0 && fraction <= 1.0)) {
     throw Error(ErrorCode::kInvalidArgument, "streamalloc: memory fraction " + std::to_string(fraction) +
@@ -162,7 +188,7 @@ std::vector<BlockInfo> Allocator::blocks(int device) const {
   return out;
 }
 
-std::string Allocator::stats_json(int device) const { return stats(device).to_json(); }
+std::string Allocator::stats_json(int device) const { return stats(device).to_json(pools(device)); }
 
 PendingHistory Allocator::pending_history(int device) const { return cache(device).pending_history(); }
 

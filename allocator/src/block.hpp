@@ -30,6 +30,7 @@ enum class BlockState : std::uint8_t {
 };
 
 struct Segment;
+struct MemoryPool;
 
 struct Block {
   std::uintptr_t address = 0;
@@ -73,8 +74,9 @@ struct Block {
 struct Segment {
   std::uintptr_t address = 0;
   std::size_t size = 0;
-  PoolKind pool = PoolKind::kSmall;
-  Stream stream = 0;  // stream of the allocation that reserved it
+  PoolKind pool = PoolKind::kSmall;  // size class
+  MemoryPool* owner = nullptr;       // the memory pool whose free lists hold its free blocks
+  Stream stream = 0;                 // stream of the allocation that reserved it
   Block* head = nullptr;
 };
 

@@ -79,7 +79,14 @@ class CudaBackend final : public Backend {
   void* reserve(int device, std::size_t bytes) override {
     DeviceGuard guard(device);
     void* ptr = nullptr;
+    // During a graph capture in global mode cudaMalloc is refused as "potentially unsafe"; reserving
+    // memory is safe there as long as it is not freed before the capture ends (the cache never frees
+    // during a capture), so the call runs in relaxed mode, as PyTorch's allocator does.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    check(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode", device);
     const cudaError_t err = cudaMalloc(&ptr, bytes);
+    cudaStreamCaptureMode previous = mode;
+    (void)cudaThreadExchangeStreamCaptureMode(&previous);
     if (err == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();  // an expected outcome: the caller flushes its cache or reports OOM
       return nullptr;

@@ -13,7 +13,7 @@ DeviceCache::DeviceCache(int device, const Options& options, Backend& backend, s
       backend_(backend),
       memory_fraction_(options.memory_fraction),
       segments_(backend, device),
-      free_(options.cross_stream_reuse),
+      default_pool_(PoolId{}, options.cross_stream_reuse),
       events_(backend, device),
       aids_(std::move(aids)) {
   stats_.max_split_size =

@@ -1,8 +1,9 @@
 // DeviceCache: the block cache of one device, and the policy of the stream rules (docs/design.md,
-// "Stream rules"). Segments from a SegmentSource are split into blocks; free blocks sit in FreeLists,
-// owned by a stream or settled; blocks freed after use on other streams wait as pending for batched
-// fences, kept per stream in a StreamState. Debugging aids hang off one hook pointer (debug_aid.hpp).
-// All public methods lock the cache's mutex.
+// "Stream rules"). Segments from a SegmentSource are split into blocks; free blocks sit in the
+// FreeLists of the segment's MemoryPool (the default pool, or a private pool that allocations are
+// routed to), owned by a stream or settled; blocks freed after use on other streams wait as pending for
+// batched fences, kept per stream in a StreamState. Debugging aids hang off one hook pointer
+// (debug_aid.hpp). All public methods lock the cache's mutex.
 //
 // The methods are defined one concept per file, device_cache_<concept>.cpp; docs/design.md ("Layers")
 // says which file owns which concept, and the private methods below are grouped the same way.
@@ -21,11 +22,13 @@
 #include "fence_queue.hpp"
 #include "free_lists.hpp"
 #include "live_map.hpp"
+#include "memory_pool.hpp"
 #include "segment_source.hpp"
 #include "stream_state.hpp"
 #include "streamalloc/backend.hpp"
 #include "streamalloc/blocks.hpp"
 #include "streamalloc/options.hpp"
+#include "streamalloc/pools.hpp"
 #include "streamalloc/stats.hpp"
 
 namespace streamalloc {
@@ -51,7 +54,8 @@ class DeviceCache {
   bool owns_live(const void* ptr) const;
   bool owns_address(const void* ptr) const;  // inside any segment of this device
 
-  void empty_cache();
+  void empty_cache();  // the default pool and every freeable private pool
+  void empty_cache(PoolId pool);
   void set_memory_fraction(double fraction);
   double memory_fraction() const;
   void process_fences();
@@ -68,6 +72,19 @@ class DeviceCache {
   PendingHistory pending_history() const;
   void validate() const;
 
+  // Memory pools (streamalloc/pools.hpp; device_cache_pools.cpp, device_cache_checkpoint.cpp).
+  void create_or_incref_pool(PoolId pool);
+  void release_pool(PoolId pool);
+  void begin_allocate_to_pool(PoolId pool, PoolFilter filter);
+  void end_allocate_to_pool(PoolId pool);
+  int pool_use_count(PoolId pool) const;
+  void set_pool_use_on_oom(PoolId pool, bool use_on_oom);
+  void set_pool_no_split(PoolId pool);
+  std::vector<PoolInfo> pools() const;
+  PoolCheckpoint checkpoint_pool(PoolId pool) const;
+  PoolRestore restore_pool(const PoolCheckpoint& checkpoint);
+  bool pool_live_blocks_are(PoolId pool, const std::vector<const void*>& expected) const;
+
  private:
   using Lock = std::unique_lock<std::mutex>;
 
@@ -78,17 +95,32 @@ class DeviceCache {
   }
   StreamState& find_or_add_stream(Stream stream);
 
+  // ---- memory pools (device_cache_pools.cpp)
+  // The pool an allocation on `stream` comes from: the newest open route whose filter accepts the
+  // stream, else the default pool. Inline: without routes it is one test.
+  MemoryPool& pool_for(Stream stream) { return routes_.empty() ? default_pool_ : routed_pool(stream); }
+  MemoryPool& routed_pool(Stream stream);
+  MemoryPool* find_pool(PoolId pool);
+  const MemoryPool* find_pool(PoolId pool) const;
+  MemoryPool& private_pool(PoolId pool, const char* operation);  // refuses unknown and default pools
+  Block* find_free_in_use_on_oom_pools(PoolKind kind, std::size_t size, Stream stream);
+  void erase_empty_freeable_pools();
+
   // ---- allocation path (device_cache_allocate.cpp)
-  Block* find_free(PoolKind pool, std::size_t size, Stream stream);
-  Block* find_free_after_gpu_wait(PoolKind pool, std::size_t size, Stream stream);
-  Block* reserve_segment(PoolKind pool, std::size_t size, Stream stream);
+  Block* find_free(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream);
+  Block* find_free_after_gpu_wait(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream);
+  Block* reserve_segment(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream);
   Block* take(Block* block, std::size_t size, std::size_t requested, Stream stream);
   Block* hand_out(Block* block, std::size_t requested, Stream stream);  // mark allocated, account
   [[noreturn]] void throw_larger_than_device(std::size_t requested);
   [[noreturn]] void throw_out_of_memory(std::size_t requested, std::size_t size, Stream stream);
 
   // ---- free path (device_cache_free.cpp)
+  void free_live(Block* block);  // a live block, checked: to its owner stream, or pending
   void add_use(Block* block, Stream stream, NewUse how);
+  // Capture rule: uses recorded on a stream while it captured a graph are dropped once that capture
+  // has ended (the graph's own order covers them); pending blocks left without uses are released.
+  void drop_ended_capture_uses();
   void free_to_owner(Block* block);
   void make_pending(Block* block);
 
@@ -133,7 +165,9 @@ class DeviceCache {
                                                          std::size_t count);
 
   // ---- lifecycle (device_cache_lifecycle.cpp)
-  std::size_t release_free_segments(std::size_t target_bytes);
+  // Give back entirely free, settled segments of the default pool and of freeable private pools (of
+  // `only` alone when given) until `target_bytes` are released. Nothing while a graph captures.
+  std::size_t release_free_segments(std::size_t target_bytes, const MemoryPool* only = nullptr);
   std::size_t memory_cap() const;
   void note_device_total() {
     if (device_total_ == 0) device_total_ = backend_.memory_info(device_).total_bytes;
@@ -165,8 +199,16 @@ class DeviceCache {
   std::size_t device_total_ = 0;  // cached from the backend on first need
 
   SegmentSource segments_;
-  LiveMap live_;      // allocated blocks by address
-  FreeLists free_;    // free blocks, owned or settled
+  LiveMap live_;               // allocated blocks by address
+  MemoryPool default_pool_;    // free blocks of the default pool's segments, owned or settled
+  std::map<PoolId, std::unique_ptr<MemoryPool>> private_pools_;
+  struct Route {
+    MemoryPool* pool;
+    PoolFilter filter;
+  };
+  std::vector<Route> routes_;  // open routes, oldest first
+  // Live or pending blocks with uses recorded on a stream while it captured (the capture rule).
+  std::map<Block*, std::vector<Stream>> capture_uses_;
   std::map<Stream, std::unique_ptr<StreamState>> streams_;
   StreamState* last_stream_ = nullptr;  // one-entry cache in front of streams_ for the hot path
   EventPool events_;

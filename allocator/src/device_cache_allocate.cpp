@@ -1,10 +1,13 @@
 // DeviceCache: the allocation path (docs/design.md, "Stream rules" rules 1 and 5, and "Size classes").
 //
-// An allocation tries, in order: the requesting stream's hot list; the best fit among its own stream's
-// free blocks and settled blocks; the same after closing open batches and polling fences; a new segment
-// from the device; (policy `wait`) a block of another stream made safe by a GPU-side wait on its fence;
-// then the OOM path: host-synchronize every fence, retry, release cached segments, retry; then a clear
-// OOM report.
+// An allocation comes from one memory pool: the pool of the newest open route whose filter accepts the
+// stream, else the default pool. In that pool it tries, in order: the requesting stream's hot list
+// (default pool only); the best fit among its own stream's free blocks and settled blocks; the same
+// after closing open batches and polling fences; a new segment from the device; (policy `wait`) a block
+// of another stream made safe by a GPU-side wait on its fence; then the OOM path: host-synchronize every
+// fence, retry, release cached segments, retry, (default pool) the free blocks of pools marked
+// use_on_oom; then a clear OOM report. While a graph captures, the fence and release steps do nothing
+// (docs/design.md, rule 6).
 #include <algorithm>
 #include <cstdint>
 
@@ -26,44 +29,48 @@ void* DeviceCache::allocate(std::size_t requested, Stream stream) {
   note_device_total();
   if (requested > kMaxRequest || requested > device_total_) throw_larger_than_device(requested);
   StreamState& own = stream_state(stream);  // first sight of a stream checks that it belongs to this device
+  MemoryPool& pool = pool_for(stream);
   const std::size_t size = size_policy::round_size(requested, options_);
-  if (Block* hot = take_hot(own, size)) return reinterpret_cast<void*>(hand_out(hot, requested, stream)->address);
-  const PoolKind pool = size_policy::pool_for(size);
-  // A large-pool size the hot list cannot serve: the parked blocks join the free lists first, merged
-  // with their neighbours, so the best fit below sees the free memory it would see without the hot
-  // list (parked blocks left out of the best fit fragment the large pool). Small-pool blocks stay
-  // parked: their 2 MiB segments bound what fragmentation can cost, and code cycling through a few
-  // small sizes keeps hitting the list.
-  if (pool == PoolKind::kLarge) flush_hot(own, 0);
+  const PoolKind kind = size_policy::pool_for(size);
+  if (&pool == &default_pool_) {
+    if (Block* hot = take_hot(own, size)) return reinterpret_cast<void*>(hand_out(hot, requested, stream)->address);
+    // A large-pool size the hot list cannot serve: the parked blocks join the free lists first, merged
+    // with their neighbours, so the best fit below sees the free memory it would see without the hot
+    // list (parked blocks left out of the best fit fragment the large pool). Small-pool blocks stay
+    // parked: their 2 MiB segments bound what fragmentation can cost, and code cycling through a few
+    // small sizes keeps hitting the list.
+    if (kind == PoolKind::kLarge) flush_hot(own, 0);
+  }
 
-  Block* block = find_free(pool, size, stream);
+  Block* block = find_free(pool, kind, size, stream);
   if (block == nullptr) {
     close_batches_and_poll();
-    block = find_free(pool, size, stream);
+    block = find_free(pool, kind, size, stream);
   }
-  if (block == nullptr) block = reserve_segment(pool, size, stream);
+  if (block == nullptr) block = reserve_segment(pool, kind, size, stream);
   if (block == nullptr && options_.cross_stream_reuse == CrossStreamReuse::kWait) {
-    block = find_free_after_gpu_wait(pool, size, stream);
+    block = find_free_after_gpu_wait(pool, kind, size, stream);
   }
   if (block == nullptr) {
     ++stats_.num_alloc_retries;
     release_held();
     synchronize_all_fences(/*for_memory=*/true);
-    block = find_free(pool, size, stream);
+    block = find_free(pool, kind, size, stream);
     if (block == nullptr) {
       release_free_segments(SIZE_MAX);
-      block = reserve_segment(pool, size, stream);
+      block = reserve_segment(pool, kind, size, stream);
     }
+    if (block == nullptr && &pool == &default_pool_) block = find_free_in_use_on_oom_pools(kind, size, stream);
   }
   if (block == nullptr) throw_out_of_memory(requested, size, stream);
   return reinterpret_cast<void*>(take(block, size, requested, stream)->address);
 }
 
 // The smaller of the best owned and the best settled fit; ties go to the own stream.
-Block* DeviceCache::find_free(PoolKind pool, std::size_t size, Stream stream) {
-  Block* own = free_.best_owned(pool, stream, size);
+Block* DeviceCache::find_free(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream) {
+  Block* own = pool.free.best_owned(kind, stream, size);
   if (own != nullptr && !size_policy::may_serve(own->size, size, options_)) own = nullptr;
-  Block* settled = free_.best_settled(pool, stream, size);
+  Block* settled = pool.free.best_settled(kind, stream, size);
   if (settled != nullptr && !size_policy::may_serve(settled->size, size, options_)) settled = nullptr;
   if (own != nullptr && (settled == nullptr || own->size <= settled->size)) return own;
   if (settled != nullptr && settled->stream != stream) ++stats_.cross_stream_reuse_settled;
@@ -72,12 +79,12 @@ Block* DeviceCache::find_free(PoolKind pool, std::size_t size, Stream stream) {
 
 // Policy `wait`: take the best-fitting owned block of another stream and make `stream` wait on the GPU
 // for the fence that settles it. Adds a dependency between the streams, no host sync.
-Block* DeviceCache::find_free_after_gpu_wait(PoolKind pool, std::size_t size, Stream stream) {
-  if (backend_.is_capturing(device_, stream)) return nullptr;
+Block* DeviceCache::find_free_after_gpu_wait(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream) {
+  if (any_stream_capturing()) return nullptr;
   Block* best = nullptr;
   for (const auto& [other, state] : streams_) {
     if (other == stream) continue;
-    Block* candidate = free_.best_owned(pool, other, size);
+    Block* candidate = pool.free.best_owned(kind, other, size);
     if (candidate == nullptr || !size_policy::may_serve(candidate->size, size, options_)) continue;
     if (best == nullptr || candidate->size < best->size) best = candidate;
   }
@@ -93,14 +100,17 @@ Block* DeviceCache::find_free_after_gpu_wait(PoolKind pool, std::size_t size, St
   return best;
 }
 
-Block* DeviceCache::reserve_segment(PoolKind pool, std::size_t size, Stream stream) {
+// Growing a pool works during a graph capture too: the backend reserves in relaxed capture mode, and
+// the new segment is never given back before the capture ends (release_free_segments waits for that).
+Block* DeviceCache::reserve_segment(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream) {
   const std::size_t segment_size = size_policy::segment_size_for(size);
   if (segments_.reserved_bytes() + segment_size > memory_cap()) return nullptr;
-  Segment* segment = segments_.reserve(pool, segment_size, stream);
+  Segment* segment = segments_.reserve(kind, &pool, segment_size, stream);
   if (segment == nullptr) return nullptr;
+  ++pool.segments;
   ++stats_.num_device_alloc;
-  stat_increase(&DeviceStats::segment, pool, 1);
-  stat_increase(&DeviceStats::reserved_bytes, pool, static_cast<std::int64_t>(segment_size));
+  stat_increase(&DeviceStats::segment, kind, 1);
+  stat_increase(&DeviceStats::reserved_bytes, kind, static_cast<std::int64_t>(segment_size));
   if (size_policy::is_oversize(segment_size, options_)) stats_.oversize_segments.increase(1);
   insert_free(segment->head);
   return segment->head;
@@ -109,7 +119,7 @@ Block* DeviceCache::reserve_segment(PoolKind pool, std::size_t size, Stream stre
 Block* DeviceCache::take(Block* block, std::size_t size, std::size_t requested, Stream stream) {
   remove_free(block);
   const PoolKind pool = block->segment->pool;
-  if (size_policy::should_split(block->size, size, pool, options_)) {
+  if (!block->segment->owner->no_split && size_policy::should_split(block->size, size, pool, options_)) {
     auto* rest = new Block;
     rest->address = block->address + size;
     rest->size = block->size - size;
@@ -164,7 +174,8 @@ void DeviceCache::throw_out_of_memory(std::size_t requested, std::size_t size, S
   ++stats_.num_ooms;
   const DeviceMemoryInfo info = backend_.memory_info(device_);
   std::size_t cached_free = 0;
-  free_.for_each([&](const Block* b) { cached_free += b->size; });
+  default_pool_.free.for_each([&](const Block* b) { cached_free += b->size; });
+  for (const auto& [id, pool] : private_pools_) pool->free.for_each([&](const Block* b) { cached_free += b->size; });
   std::string msg = fmt::format(
       "streamalloc: out of memory on device {} ({}): tried to allocate {} ({} rounded) on stream {:#x}. Device: {} "
       "total, {} free. streamalloc: {} reserved, {} allocated, {} cached free, {} pending in {} block(s)",

@@ -8,6 +8,8 @@
 namespace streamalloc {
 
 bool DeviceCache::close_batch(StreamState& state) {
+  // Uses from a capture that has ended leave their batches before a fence is recorded for them.
+  if (!capture_uses_.empty()) drop_ended_capture_uses();
   if (!state.fences.close_batch(backend_, events_, device_)) return false;
   ++stats_.fences_recorded;
   if (aids_ != nullptr) aids_->on_fence_recorded(state.fences.in_flight().back().event, state.stream());

@@ -34,7 +34,13 @@ bool DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hin
     stream_state(stream_hint);  // rejects a stream of another device before anything changes
     add_use(block, stream_hint, NewUse::kFreeOnStream);
   }
-  live_.erase(address);
+  free_live(block);
+  return true;
+}
+
+void DeviceCache::free_live(Block* block) {
+  if (!capture_uses_.empty()) drop_ended_capture_uses();
+  live_.erase(block->address);
   const PoolKind pool = block->segment->pool;
   stat_decrease(&DeviceStats::allocation, pool, 1);
   stat_decrease(&DeviceStats::allocated_bytes, pool, static_cast<std::int64_t>(block->size));
@@ -52,7 +58,6 @@ bool DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hin
     block->since = Clock::now();  // precise: the free-to-reusable latency is measured from here
     make_pending(block);
   }
-  return true;
 }
 
 bool DeviceCache::record_stream(void* ptr, Stream stream) {
@@ -89,6 +94,37 @@ void DeviceCache::record_stream_not_live(const void* ptr, Stream stream) {
 void DeviceCache::add_use(Block* block, Stream stream, NewUse how) {
   if (aids_ != nullptr && aids_->on_new_use(*block, stream, how)) ++stats_.missing_wait_warnings;
   block->recorded_streams.push_back(stream);
+  // Asking whether the stream captures costs a runtime call, so it is asked only while a route is open
+  // (PyTorch opens one for every capture). A use on a capturing stream without a route is kept, and
+  // fenced after the capture like any other: later than needed, never too early.
+  if (!routes_.empty() && backend_.is_capturing(device_, stream)) capture_uses_[block].push_back(stream);
+}
+
+void DeviceCache::drop_ended_capture_uses() {
+  std::vector<Block*> released;
+  for (auto it = capture_uses_.begin(); it != capture_uses_.end();) {
+    Block* block = it->first;
+    std::vector<Stream>& streams = it->second;
+    for (auto s = streams.begin(); s != streams.end();) {
+      if (backend_.is_capturing(device_, *s)) {
+        ++s;
+        continue;
+      }
+      auto& uses = block->recorded_streams;
+      auto use = std::find(uses.begin(), uses.end(), *s);
+      if (use != uses.end()) uses.erase(use);
+      if (block->state == BlockState::kPending) {
+        // No fence was recorded while the stream captured, so the block still waits in its open batch.
+        const Stream used = *s;
+        stream_state(used).fences.leave_as_user(block);
+        if (aids_ != nullptr) note_pending_changed(Clock::now(), &used, 1);
+        if (--block->fences_left == 0) released.push_back(block);
+      }
+      s = streams.erase(s);
+    }
+    it = streams.empty() ? capture_uses_.erase(it) : std::next(it);
+  }
+  for (Block* block : released) release_pending(block);
 }
 
 // No other uses: stream order makes the block safe for its allocation stream at once. It joins that
@@ -100,7 +136,9 @@ void DeviceCache::free_to_owner(Block* block) {
   block->recorded_streams.clear();
   StreamState& owner = stream_state(block->stream);
   block->settle_seq = owner.fences.join_as_owner();
-  if ((aids_ == nullptr || !aids_->holds_blocks()) && owner.fences.completed_seq() < block->settle_seq) {
+  // Private pools keep no hot list: their blocks go back to their own pool's free lists.
+  if ((aids_ == nullptr || !aids_->holds_blocks()) && block->segment->owner == &default_pool_ &&
+      owner.fences.completed_seq() < block->settle_seq) {
     block->hot = true;
     count_inactive_split(block);
     owner.hot.push_back(block);

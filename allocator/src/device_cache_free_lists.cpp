@@ -8,13 +8,13 @@
 namespace streamalloc {
 
 void DeviceCache::insert_free(Block* block) {
-  free_.insert(block);
+  block->segment->owner->free.insert(block);
   if (!block->settled) stream_state(block->stream).settle_list.insert(block);
   count_inactive_split(block);
 }
 
 void DeviceCache::remove_free(Block* block) {
-  free_.erase(block);
+  block->segment->owner->free.erase(block);
   if (!block->settled) stream_state(block->stream).settle_list.remove(block);
   uncount_inactive_split(block);
 }

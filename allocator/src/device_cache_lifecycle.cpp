@@ -10,15 +10,20 @@ std::size_t DeviceCache::memory_cap() const {
   return static_cast<std::size_t>(memory_fraction_ * static_cast<double>(device_total_));
 }
 
-// Give back segments that are one settled free block, in address order, until `target_bytes` are
-// released.
-std::size_t DeviceCache::release_free_segments(std::size_t target_bytes) {
+// Segments that are one settled free block go back, in address order. cudaFree is not allowed while
+// a graph captures, so nothing goes back then; the next call after the capture does it.
+std::size_t DeviceCache::release_free_segments(std::size_t target_bytes, const MemoryPool* only) {
+  if (any_stream_capturing()) return 0;
   std::size_t released = 0;
   for (Segment* segment : segments_.all()) {
     if (released >= target_bytes) break;
+    MemoryPool* owner = segment->owner;
+    if (only != nullptr && owner != only) continue;
+    if (owner != &default_pool_ && !owner->freeable()) continue;
     Block* head = segment->head;
     if (head->state != BlockState::kFree || !head->settled || head->held || head->next != nullptr) continue;
     remove_free(head);
+    --owner->segments;
     const PoolKind pool = segment->pool;
     const std::size_t size = segment->size;
     segments_.release(segment);
@@ -28,6 +33,7 @@ std::size_t DeviceCache::release_free_segments(std::size_t target_bytes) {
     stat_decrease(&DeviceStats::reserved_bytes, pool, static_cast<std::int64_t>(size));
     if (size_policy::is_oversize(size, options_)) stats_.oversize_segments.decrease(1);
   }
+  erase_empty_freeable_pools();
   return released;
 }
 
@@ -36,6 +42,21 @@ void DeviceCache::empty_cache() {
   release_held();
   synchronize_all_fences();
   release_free_segments(SIZE_MAX);
+}
+
+// A private pool's memory goes back only once the pool is freeable; until then its free segments stay
+// with it (its graphs still replay into them).
+void DeviceCache::empty_cache(PoolId pool) {
+  if (pool.is_default()) {
+    empty_cache();
+    return;
+  }
+  Lock lock(mutex_);
+  MemoryPool* target = find_pool(pool);
+  if (target == nullptr || !target->freeable()) return;
+  release_held();
+  synchronize_all_fences();
+  release_free_segments(SIZE_MAX, target);
 }
 
 void DeviceCache::set_memory_fraction(double fraction) {

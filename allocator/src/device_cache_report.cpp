@@ -39,6 +39,7 @@ std::vector<SegmentInfo> DeviceCache::segments() const {
     info.total_size = segment->size;
     info.is_large = segment->pool == PoolKind::kLarge;
     info.stream = segment->stream;
+    info.pool = segment->owner->id;
     for (const Block* b = segment->head; b != nullptr; b = b->next) {
       if (b->state == BlockState::kAllocated) {
         info.allocated_size += b->size;
@@ -62,7 +63,7 @@ void DeviceCache::cache_info(std::size_t* largest_free_block, std::size_t* total
   Lock lock(mutex_);
   std::size_t largest = 0;
   std::size_t total = 0;
-  free_.for_each([&](const Block* b) {
+  default_pool_.free.for_each([&](const Block* b) {  // what an allocation outside routes can take
     largest = std::max(largest, b->size);
     total += b->size;
   });

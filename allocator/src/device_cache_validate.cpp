@@ -1,5 +1,6 @@
 // DeviceCache::validate(): every invariant of docs/design.md ("Invariants"), checked from the block table.
 // Expensive (walks everything); tests and the fuzzer call it after every step.
+#include <algorithm>
 #include <map>
 #include <spdlog/fmt/fmt.h>
 #include <stdexcept>
@@ -89,8 +90,33 @@ void DeviceCache::validate() const {
     check_stat(device_, "per-stream pending_bytes", ps.pending_bytes, expected.second, !accumulated_reset_);
   }
 
+  // Pools: every segment belongs to a pool the cache knows, and each pool counts its segments.
+  std::map<const MemoryPool*, std::size_t> pool_segments{{&default_pool_, 0}};
+  for (const auto& [id, pool] : private_pools_) {
+    if (pool->id != id || id.is_default()) broken(device_, "a private pool is filed under the wrong id");
+    pool_segments[pool.get()] = 0;
+  }
+  for (const Route& route : routes_) {
+    if (pool_segments.count(route.pool) == 0 || route.pool == &default_pool_) {
+      broken(device_, "a route leads to a pool the cache does not hold");
+    }
+    if (route.pool->use_count < 1) broken(device_, "a routed pool has no use for its route");
+  }
+  for (const auto& [block, streams] : capture_uses_) {
+    if (block->state == BlockState::kFree) broken(device_, "a free block still has uses recorded during a capture");
+    for (Stream used : streams) {
+      const auto& uses = block->recorded_streams;
+      if (std::find(uses.begin(), uses.end(), used) == uses.end()) {
+        broken(device_, "a use recorded during a capture is not among block " + hex(block->address) + "'s uses");
+      }
+    }
+  }
+
   std::uintptr_t previous_end = 0;
   for (const Segment* segment : segments_.all()) {
+    auto owner = pool_segments.find(segment->owner);
+    if (owner == pool_segments.end()) broken(device_, "segment " + hex(segment->address) + " belongs to no known pool");
+    ++owner->second;
     const std::uintptr_t address = segment->address;
     if (address < previous_end) broken(device_, "segments overlap at " + hex(address));
     previous_end = address + segment->size;
@@ -111,8 +137,8 @@ void DeviceCache::validate() const {
       if (b->size == 0 || b->size % 512 != 0) broken(device_, "block " + hex(b->address) + " has a bad size");
       expected_address += b->size;
       const auto size = static_cast<std::int64_t>(b->size);
-      const bool in_unsettled = free_.contains_owned(const_cast<Block*>(b));
-      const bool in_settled = free_.contains_settled(const_cast<Block*>(b));
+      const bool in_unsettled = segment->owner->free.contains_owned(const_cast<Block*>(b));
+      const bool in_settled = segment->owner->free.contains_settled(const_cast<Block*>(b));
       const Block* live = live_.find(b->address);
       switch (b->state) {
         case BlockState::kAllocated:
@@ -144,6 +170,7 @@ void DeviceCache::validate() const {
         case BlockState::kFree:
           if (live != nullptr) broken(device_, "free block " + hex(b->address) + " is in the live table");
           if (b->hot) {
+            if (segment->owner != &default_pool_) broken(device_, "hot block " + hex(b->address) + " of a private pool");
             if (in_unsettled || in_settled || b->in_settle_list || b->settled) {
               broken(device_, "hot block " + hex(b->address) + " is also in a free index or settled");
             }
@@ -190,9 +217,13 @@ void DeviceCache::validate() const {
   if (held != 0 && (aids_ == nullptr || !aids_->holds_blocks())) broken(device_, "a block is held but no aid holds blocks");
   if (reserved != segments_.reserved_bytes()) broken(device_, "reserved byte count disagrees with the segments");
   if (live_blocks != live_.size()) broken(device_, "the live table holds blocks that are not in any segment");
-  if (free_.owned_count() != free_blocks[0] || free_.settled_count() != free_blocks[1]) {
-    broken(device_, "a free index holds stale blocks");
+  std::size_t indexed[2] = {0, 0};
+  for (const auto& [pool, segments] : pool_segments) {
+    if (pool->segments != segments) broken(device_, "a pool's segment count disagrees with its segments");
+    indexed[0] += pool->free.owned_count();
+    indexed[1] += pool->free.settled_count();
   }
+  if (indexed[0] != free_blocks[0] || indexed[1] != free_blocks[1]) broken(device_, "a free index holds stale blocks");
 
   Totals all;
   for (int p = 1; p < kPoolKinds; ++p) {

@@ -1,5 +1,7 @@
 #include "fence_queue.hpp"
 
+#include <algorithm>
+
 namespace streamalloc {
 
 EventPool::~EventPool() {
@@ -19,6 +21,20 @@ Event EventPool::acquire() {
     return event;
   }
   return backend_.create_event(device_);
+}
+
+void FenceQueue::leave_as_user(const Block* block) {
+  auto leave = [&](std::vector<Block*>& list) {
+    auto it = std::find(list.begin(), list.end(), block);
+    if (it == list.end()) return false;
+    list.erase(it);
+    note_pending_released(block);
+    return true;
+  };
+  if (leave(open_pending_)) return;
+  for (Fence& fence : in_flight_) {
+    if (leave(fence.pending)) return;
+  }
 }
 
 bool FenceQueue::close_batch(Backend& backend, EventPool& pool, int device) {

@@ -66,6 +66,9 @@ class FenceQueue {
     pending_.pending_bytes.increase(static_cast<std::int64_t>(block->size));
   }
 
+  // A pending block no longer waits for this stream (a use dropped by the capture rule): it leaves the
+  // batch or fence that lists it.
+  void leave_as_user(const Block* block);
   // Record one event covering the open batch. No-op when the batch is empty.
   bool close_batch(Backend& backend, EventPool& pool, int device);
   // Pop the oldest in-flight fence if it has completed; returns false when none has.

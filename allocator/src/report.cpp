@@ -61,6 +61,10 @@ std::string format_block_table(const std::vector<SegmentInfo>& segments, std::si
   out += fmt::format("  {:<14} {:>10}  {:<20} {:<10} {:<22} {:>7} {:>9}\n", "block", "size", "state", "alloc on",
                      "recorded on", "fences", "age ms");
   DeviceHeadings headings(segments);
+  // Where private memory pools (CUDA graphs, MemPools) hold segments, each run of rows says its pool.
+  bool pools = false;
+  for (const SegmentInfo& segment : segments) pools = pools || !segment.pool.is_default();
+  const SegmentInfo* last_segment = nullptr;
   std::size_t rows = 0;
   std::size_t hidden = 0;
   for (const SegmentInfo& segment : segments) {
@@ -70,6 +74,12 @@ std::string format_block_table(const std::vector<SegmentInfo>& segments, std::si
         continue;
       }
       out += headings.before_row_of(segment.device);
+      if (pools && (last_segment == nullptr || last_segment->pool != segment.pool)) {
+        out += segment.pool.is_default()
+                   ? std::string("  default pool:\n")
+                   : fmt::format("  memory pool ({}, {}):\n", segment.pool.first, segment.pool.second);
+      }
+      last_segment = &segment;
       out += fmt::format("  0x{:012x} {:>10}  {:<20} {:<10} {:<22} {:>7} {:>9.2f}\n", b.address, format_bytes(b.size),
                          block_state(b), stream_name(b.allocation_stream, stream_names),
                          stream_list(b.recorded_streams, stream_names), b.pending_fences, b.age_ms);

@@ -12,13 +12,14 @@ SegmentSource::~SegmentSource() {
   }
 }
 
-Segment* SegmentSource::reserve(PoolKind pool, std::size_t bytes, Stream stream) {
+Segment* SegmentSource::reserve(PoolKind pool, MemoryPool* owner, std::size_t bytes, Stream stream) {
   void* memory = backend_.reserve(device_, bytes);
   if (memory == nullptr) return nullptr;
   auto segment = std::make_unique<Segment>();
   segment->address = reinterpret_cast<std::uintptr_t>(memory);
   segment->size = bytes;
   segment->pool = pool;
+  segment->owner = owner;
   segment->stream = stream;
   auto* block = new Block;
   block->address = segment->address;

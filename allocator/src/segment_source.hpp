@@ -24,9 +24,9 @@ class SegmentSource {
   SegmentSource(const SegmentSource&) = delete;
   SegmentSource& operator=(const SegmentSource&) = delete;
 
-  // A new segment of `bytes` for `pool`, reserved for `stream`, holding one free settled block;
-  // nullptr when the device has not enough free memory.
-  Segment* reserve(PoolKind pool, std::size_t bytes, Stream stream);
+  // A new segment of `bytes` of size class `pool` for memory pool `owner`, reserved for `stream`,
+  // holding one free settled block; nullptr when the device has not enough free memory.
+  Segment* reserve(PoolKind pool, MemoryPool* owner, std::size_t bytes, Stream stream);
   // Give `segment` back to the device. It must hold exactly one block, which is deleted with it.
   void release(Segment* segment);
 

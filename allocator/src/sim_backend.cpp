@@ -154,8 +154,14 @@ struct SimBackend::State {
     return it->second;
   }
 
-  void note_capture_violation(int index) {
-    if (devices[static_cast<std::size_t>(index)].capturing_streams > 0) ++counters.capture_violations;
+  // As CUDA in global capture mode: while a stream of the device captures, event queries and waits,
+  // and freeing device memory, fail (cudaErrorStreamCaptureUnsupported); counted too, for tests.
+  void refuse_during_capture(int index, const char* call) {
+    if (devices[static_cast<std::size_t>(index)].capturing_streams == 0) return;
+    ++counters.capture_violations;
+    throw Error(ErrorCode::kBackend, std::string("SimBackend::") + call + "(device " + std::to_string(index) +
+                                         "): operation not permitted while a stream of the device captures a graph "
+                                         "(cudaErrorStreamCaptureUnsupported)");
   }
 
   // Runs `fn` as the host function of `q` with the lock released; `q` must be idle.
@@ -331,6 +337,7 @@ void* SimBackend::reserve(int device, std::size_t bytes) {
 void SimBackend::release(int device, void* ptr, std::size_t bytes) {
   State::Lock lock(state_->mutex);
   DeviceState& dev = state_->device(device, "release");
+  state_->refuse_during_capture(device, "release");
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   auto check = [&](std::map<std::uintptr_t, std::size_t>::iterator it) {
     const std::string call = "SimBackend::release(device " + std::to_string(device) + ", " + hex(ptr) + ", " +
@@ -377,6 +384,13 @@ void SimBackend::record_event(int device, Event event, Stream stream) {
   State::Lock lock(state_->mutex);
   const std::shared_ptr<SimEvent>& ev = state_->event(device, event, "record_event", true);
   StreamQueue& q = state_->queue(device, stream, "record_event");
+  if (q.capturing) {
+    // On CUDA the record would become a node of the graph, never a fence the host can query.
+    ++state_->counters.capture_violations;
+    throw Error(ErrorCode::kBackend, "SimBackend::record_event(device " + std::to_string(device) + ", stream " +
+                                         hex(stream) + "): the stream captures a graph; the event would be part of "
+                                         "the graph, not a fence");
+  }
   ++state_->counters.event_records;
   const std::uint64_t generation = ++ev->last_recorded;
   if (state_->idle_eager(q)) return;  // nothing ahead of it: complete now, no queue item
@@ -391,16 +405,16 @@ void SimBackend::record_event(int device, Event event, Stream stream) {
 bool SimBackend::query_event(int device, Event event) {
   State::Lock lock(state_->mutex);
   const std::shared_ptr<SimEvent>& ev = state_->event(device, event, "query_event", true);
+  state_->refuse_during_capture(device, "query_event");
   ++state_->counters.event_queries;
-  state_->note_capture_violation(device);
   return ev->completed(ev->last_recorded);
 }
 
 void SimBackend::synchronize_event(int device, Event event) {
   State::Lock lock(state_->mutex);
   std::shared_ptr<SimEvent> ev = state_->event(device, event, "synchronize_event", true);
+  state_->refuse_during_capture(device, "synchronize_event");
   ++state_->counters.event_synchronizes;
-  state_->note_capture_violation(device);
   const std::uint64_t generation = ev->last_recorded;
   state_->complete(lock, std::move(ev), generation);
 }

@@ -50,7 +50,7 @@ std::string Allocator::snapshot_json() const {
         {"requested_size", s.requested_size},
         {"stream", s.stream},
         {"segment_type", s.is_large ? "large" : "small"},
-        {"segment_pool_id", nlohmann::json::array({0, 0})},
+        {"segment_pool_id", nlohmann::json::array({s.pool.first, s.pool.second})},
         {"is_expandable", false},
         {"frames", nlohmann::json::array()},
         {"blocks", blocks},
@@ -187,6 +187,12 @@ SegmentInfo read_segment(const Fields& segment) {
     malformed(segment.path("segment_type"), fmt::format("unknown segment type \"{}\" (expected large or small)", type));
   }
   s.is_large = type == "large";
+  const json& pool = segment.array_field("segment_pool_id", false);  // absent in older snapshots
+  if (!pool.empty()) {
+    if (pool.size() != 2) malformed(segment.path("segment_pool_id"), "expected a pair of integers");
+    s.pool = PoolId{Fields::checked_unsigned(pool[0], segment.path("segment_pool_id[0]"), UINT64_MAX),
+                    Fields::checked_unsigned(pool[1], segment.path("segment_pool_id[1]"), UINT64_MAX)};
+  }
   const json& blocks = segment.array_field("blocks", true);
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     s.blocks.push_back(read_block(Fields(blocks[i], fmt::format("{}[{}]", segment.path("blocks"), i)), s.address));

@@ -51,7 +51,7 @@ std::map<std::string, std::int64_t> DeviceStats::flat() const {
   return out;
 }
 
-std::string DeviceStats::to_json() const {
+std::string DeviceStats::to_json(const std::vector<PoolInfo>& pools) const {
   nlohmann::json stream_stats = nlohmann::json::object();
 #define STREAMALLOC_JSON_COUNT(name, help) stream_stats[#name] = name;
   STREAMALLOC_STREAM_COUNTS(STREAMALLOC_JSON_COUNT)
@@ -78,6 +78,20 @@ std::string DeviceStats::to_json() const {
   nlohmann::json root = nlohmann::json::object();
   root["memory_stats"] = flat();
   root["stream_stats"] = std::move(stream_stats);
+  nlohmann::json pool_list = nlohmann::json::array();
+  for (const PoolInfo& pool : pools) {
+    pool_list.push_back({{"id", {pool.id.first, pool.id.second}},
+                         {"use_count", pool.use_count},
+                         {"routed", pool.routed},
+                         {"use_on_oom", pool.use_on_oom},
+                         {"no_split", pool.no_split},
+                         {"segments", pool.segments},
+                         {"reserved_bytes", pool.reserved_bytes},
+                         {"allocated_bytes", pool.allocated_bytes},
+                         {"active_bytes", pool.active_bytes},
+                         {"live_blocks", pool.live_blocks}});
+  }
+  root["pools"] = std::move(pool_list);
   return root.dump();
 }
 

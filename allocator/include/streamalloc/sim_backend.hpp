@@ -16,8 +16,10 @@
 // - Streams are identified by the Stream values create_stream() hands out, plus the default stream 0
 //   on every device. A stream value the backend has never seen is adopted on first use as a stream of
 //   the device it is used with, so handles coming through the C ABI work too.
-// - set_capturing() marks a stream as capturing a graph; query_event, synchronize_event while any
-//   stream of the device captures are counted as capture violations (tests assert zero).
+// - set_capturing() marks a stream as capturing a graph. While any stream of the device captures,
+//   query_event, synchronize_event and release fail as CUDA's do in global capture mode, and
+//   record_event on the capturing stream fails (on CUDA it would become a graph node, not a fence);
+//   each is also counted as a capture violation. reserve() works (relaxed-mode cudaMalloc).
 //
 // Work functions run on the thread that advances the stream, with no backend lock held; they must
 // not call back into the backend.

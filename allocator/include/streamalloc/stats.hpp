@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "streamalloc/pools.hpp"
 #include "streamalloc/types.hpp"
 
 namespace streamalloc {
@@ -99,8 +100,9 @@ struct DeviceStats {
   std::map<Stream, StreamPending> per_stream;
 
   // Serialized as JSON with PyTorch's flat key names ("allocated_bytes.all.current", ...) under
-  // "memory_stats", plus the stream stats; see docs/design.md, "Stats".
-  std::string to_json() const;
+  // "memory_stats", plus the stream stats and one entry per memory pool (`pools`, the default pool
+  // first); see docs/design.md, "Stats". The default: zeros for the default pool alone.
+  std::string to_json(const std::vector<PoolInfo>& pools = {PoolInfo{}}) const;
   // PyTorch's flat keys and values only (what torch.cuda.memory_stats() returns), for the plugin.
   std::map<std::string, std::int64_t> flat() const;
 };

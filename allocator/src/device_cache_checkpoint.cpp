@@ -1,0 +1,159 @@
+// DeviceCache: checkpoints of a private pool's block layout (streamalloc/pools.hpp). CUDA graph trees
+// record several graphs into one pool; before recording the next graph they put the pool back into the
+// layout it had after an earlier recording, with that recording's outputs live again. A restore frees
+// every live block of the pool, waits for every fence (so each of the pool's segments is one settled
+// free block), then splits the checkpoint's segments as saved and hands out the saved live blocks.
+#include <algorithm>
+#include <set>
+
+#include <spdlog/fmt/fmt.h>
+
+#include "device_cache.hpp"
+
+namespace streamalloc {
+namespace {
+
+[[noreturn]] void refuse(const std::string& why) {
+  throw Error(ErrorCode::kInvalidArgument, "streamalloc: cannot restore the memory pool's checkpoint: " + why +
+                                               "; nothing was changed");
+}
+
+}  // namespace
+
+PoolCheckpoint DeviceCache::checkpoint_pool(PoolId pool) const {
+  Lock lock(mutex_);
+  const MemoryPool& target = const_cast<DeviceCache*>(this)->private_pool(pool, "checkpoint_pool");
+  PoolCheckpoint checkpoint;
+  checkpoint.device = device_;
+  checkpoint.pool = pool;
+  segments_.for_each([&](const Segment* segment) {
+    if (segment->owner != &target) return;
+    SegmentLayout layout;
+    layout.address = segment->address;
+    layout.size = segment->size;
+    for (const Block* b = segment->head; b != nullptr; b = b->next) {
+      BlockLayout block;
+      block.address = b->address;
+      block.size = b->size;
+      block.allocated = b->state == BlockState::kAllocated;
+      if (block.allocated) {
+        block.requested = b->requested;
+        block.stream = b->stream;
+      }
+      layout.blocks.push_back(block);
+    }
+    checkpoint.segments.push_back(std::move(layout));
+  });
+  return checkpoint;
+}
+
+PoolRestore DeviceCache::restore_pool(const PoolCheckpoint& checkpoint) {
+  Lock lock(mutex_);
+  // Everything is checked before anything changes.
+  if (checkpoint.device != device_) refuse(fmt::format("it was taken on device {}, not {}", checkpoint.device, device_));
+  MemoryPool& pool = private_pool(checkpoint.pool, "restore_pool");
+  if (pool.freeable()) refuse("the pool has no uses left (it is being freed)");
+  for (const SegmentLayout& layout : checkpoint.segments) {
+    const Segment* segment = segments_.containing(layout.address);
+    if (segment == nullptr || segment->address != layout.address || segment->size != layout.size ||
+        segment->owner != &pool) {
+      refuse(fmt::format("segment {:#x} of the checkpoint is no longer a segment of the pool", layout.address));
+    }
+    std::uintptr_t expected = layout.address;
+    for (const BlockLayout& block : layout.blocks) {
+      if (block.address != expected || block.size == 0 || block.size % 512 != 0) {
+        refuse(fmt::format("the layout of segment {:#x} does not tile it", layout.address));
+      }
+      expected += block.size;
+    }
+    if (expected != layout.address + layout.size) {
+      refuse(fmt::format("the layout of segment {:#x} does not cover it", layout.address));
+    }
+  }
+  for (const SegmentLayout& layout : checkpoint.segments) {
+    for (const BlockLayout& block : layout.blocks) {
+      if (block.allocated) stream_state(block.stream);  // rejects a stream of another device now
+    }
+  }
+  if (any_stream_capturing()) refuse("a graph capture is under way on the device");
+
+  PoolRestore result;
+  std::vector<Block*> live;
+  segments_.for_each([&](const Segment* segment) {
+    if (segment->owner != &pool) return;
+    for (Block* b = segment->head; b != nullptr; b = b->next) {
+      if (b->state == BlockState::kAllocated) live.push_back(b);
+    }
+  });
+  for (Block* b : live) {
+    result.freed.push_back(reinterpret_cast<void*>(b->address));
+    free_live(b);
+  }
+  release_held();
+  synchronize_all_fences();
+
+  for (const SegmentLayout& layout : checkpoint.segments) {
+    Segment* segment = const_cast<Segment*>(segments_.containing(layout.address));
+    Block* rest = segment->head;
+    if (rest->next != nullptr || rest->state != BlockState::kFree || !rest->settled) {
+      throw std::logic_error("streamalloc: segment " + fmt::format("{:#x}", layout.address) +
+                             " of a pool being restored is not one settled free block after every fence completed");
+    }
+    remove_free(rest);
+    // Free pieces are held back from merging until the segment is carved, then enter the free lists
+    // one at a time (merging with their free neighbours, as any freed block does).
+    std::vector<Block*> free_pieces;
+    for (const BlockLayout& saved : layout.blocks) {
+      Block* piece = rest;
+      if (rest->size > saved.size) {
+        rest = new Block;
+        rest->address = piece->address + saved.size;
+        rest->size = piece->size - saved.size;
+        rest->segment = segment;
+        rest->prev = piece;
+        rest->next = piece->next;
+        if (rest->next) rest->next->prev = rest;
+        piece->next = rest;
+        rest->state = BlockState::kFree;
+        rest->settled = true;
+        rest->stream = piece->stream;
+        rest->since = piece->since;
+        piece->size = saved.size;
+      } else {
+        rest = nullptr;
+      }
+      if (saved.allocated) {
+        hand_out(piece, saved.requested, saved.stream);
+        result.allocated.push_back(reinterpret_cast<void*>(piece->address));
+      } else {
+        piece->held = true;
+        free_pieces.push_back(piece);
+      }
+    }
+    for (Block* piece : free_pieces) {
+      piece->held = false;
+      insert_free(merge_free_neighbours(piece));
+    }
+  }
+  return result;
+}
+
+bool DeviceCache::pool_live_blocks_are(PoolId pool, const std::vector<const void*>& expected) const {
+  Lock lock(mutex_);
+  const MemoryPool* target = find_pool(pool);
+  if (target == nullptr) return expected.empty();
+  const std::set<const void*> wanted(expected.begin(), expected.end());
+  std::size_t live = 0;
+  bool all_expected = true;
+  segments_.for_each([&](const Segment* segment) {
+    if (segment->owner != target) return;
+    for (const Block* b = segment->head; b != nullptr; b = b->next) {
+      if (b->state != BlockState::kAllocated) continue;
+      ++live;
+      all_expected = all_expected && wanted.count(reinterpret_cast<const void*>(b->address)) != 0;
+    }
+  });
+  return all_expected && live == wanted.size();
+}
+
+}  // namespace streamalloc

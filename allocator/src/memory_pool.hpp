@@ -1,0 +1,33 @@
+// MemoryPool: one pool of a device cache. The default pool serves every allocation no route claims;
+// a private pool (a CUDA graph's, or a PyTorch MemPool) serves the allocations routed to it. Each pool
+// owns its segments' free lists, so a block never moves between pools and merging never crosses a
+// segment (docs/design.md, "Pools").
+#pragma once
+
+#include <cstddef>
+
+#include "free_lists.hpp"
+#include "streamalloc/options.hpp"
+#include "streamalloc/pools.hpp"
+
+namespace streamalloc {
+
+struct MemoryPool {
+  MemoryPool(PoolId pool_id, CrossStreamReuse policy) : id(pool_id), free(policy) {}
+  MemoryPool(const MemoryPool&) = delete;
+  MemoryPool& operator=(const MemoryPool&) = delete;
+
+  bool is_default() const { return id.is_default(); }
+  // A private pool nobody uses any more: empty_cache() gives its free segments back, and erases the
+  // pool once it holds none. The default pool is never freeable.
+  bool freeable() const { return !is_default() && use_count == 0; }
+
+  const PoolId id;
+  FreeLists free;
+  int use_count = 0;        // private pools: owners (graphs, MemPools, open routes)
+  bool use_on_oom = false;  // the default pool may take its free blocks before raising OOM
+  bool no_split = false;    // blocks are handed out whole
+  std::size_t segments = 0;
+};
+
+}  // namespace streamalloc
