@@ -277,7 +277,7 @@ void TorchAllocator::attachAllocatorTraceTracker(c10::cuda::CUDACachingAllocator
 
 // ---- memory pools ----
 //
-// PyTorch drives private pools from three places, and each maps onto one core call:
+// PyTorch drives private pools from three places; each of its calls maps onto one core call:
 //  - CUDA graph capture (CUDAGraph::capture_begin / capture_end / reset): beginAllocateToPool with a
 //    filter that accepts the capturing streams, endAllocateToPool once the capture ends, releasePool
 //    when the graph is reset or destroyed.
@@ -285,8 +285,8 @@ void TorchAllocator::attachAllocatorTraceTracker(c10::cuda::CUDACachingAllocator
 //    use_mem_pool() opens a route that accepts the current thread (begin, end, release); ~MemPool
 //    releases the pool and empties its cache.
 //  - torch.compile's cudagraph trees: the routes above, plus getCheckpointState after each recording,
-//    setCheckpointPoolState before recording the next graph of the tree, and
-//    checkPoolLiveAllocations in their debug checks.
+//    setCheckpointPoolState before recording the next graph of the tree, and then
+//    checkPoolLiveAllocations (inductor's slow_path_cudagraph_asserts, on by default).
 // The use counts are the core's: begin_allocate_to_pool adds one, as createOrIncrefPool does, and
 // each is dropped by one releasePool, which is how PyTorch pairs them.
 
