@@ -117,7 +117,8 @@ traces:
 	$(PYTHON) bench/traces/record_workloads.py
 
 # Full run: the benchmark (3 repetitions, medians), every trace replayed on every peer, the PyTorch-level
-# loop, then docs/benchmarks.md and its plots.
+# loop, the torch.compile(mode="reduce-overhead") loop ($(BUILD)/graphs_bench.md), then docs/benchmarks.md
+# and its plots.
 # The report goes to docs/benchmarks.md only where a GPU ran the peers; elsewhere (simulated rows only)
 # to $(BUILD)/benchmarks.md, so a run on a CPU machine does not replace the H200 results.
 BENCH_DOC ?= $(if $(GPU),docs/benchmarks.md,$(BUILD)/benchmarks.md)
@@ -128,6 +129,7 @@ bench: build
 	rm -f $(BUILD)/replay-*.json; for t in bench/traces/*.trace; do \
 	  $(BUILD)/bench/streamalloc_replay "$$t" --peers all --json "$(BUILD)/replay-$$(basename "$$t" .trace).json" || exit 1; done
 	$(RUN_ENV) $(PYTHON) bench/torch_empty.py --json $(BUILD)/torch_empty.json || true
+	$(RUN_ENV) $(PYTHON) bench/graphs_bench.py --json $(BUILD)/graphs_bench.json --markdown $(BUILD)/graphs_bench.md || true
 	$(MAKE) --no-print-directory audit-overhead BUILD=$(BUILD) || true
 	$(PYTHON) bench/report.py $(BUILD)/bench.json $(BUILD)/replay-*.json $(BUILD)/torch_empty.json $(BENCH_DOC)
 
