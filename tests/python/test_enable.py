@@ -87,6 +87,8 @@ def test_enable_installs_without_initialising_cuda_and_reads_the_environment():
     assert set(out["stats"]) == {"memory_stats", "stream_stats", "pools"}
     assert out["stats"]["memory_stats"]["allocated_bytes.all.current"] == 0
     assert out["stats"]["stream_stats"]["record_stream_calls"] == 0
+    # The default pool alone, empty.
+    assert [(pool["id"], pool["segments"]) for pool in out["stats"]["pools"]] == [([0, 0], 0)]
     assert out["blocks"] == []
 
 

@@ -1,8 +1,13 @@
 #include "torch_allocator.hpp"
 
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <string>
+#include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -20,6 +25,17 @@ namespace {
 std::atomic<TorchAllocator*> g_current{nullptr};
 
 Stream to_stream(cudaStream_t stream) { return reinterpret_cast<Stream>(stream); }
+
+PoolId to_pool(c10::MempoolId_t id) {
+  return {static_cast<std::uint64_t>(id.first), static_cast<std::uint64_t>(id.second)};
+}
+
+// PyTorch's opaque checkpoint of a private pool (getCheckpointState), handed back unchanged to
+// setCheckpointPoolState by torch.compile's cudagraph trees.
+struct PoolState final : c10::cuda::CUDACachingAllocator::AllocatorState {
+  explicit PoolState(PoolCheckpoint saved) : checkpoint(std::move(saved)) {}
+  const PoolCheckpoint checkpoint;
+};
 
 // The one translation of streamalloc's errors for PyTorch: `body`'s streamalloc::Error becomes a
 // c10::Error (RuntimeError in Python) with streamalloc's message. Other exceptions (c10's own, such
@@ -174,10 +190,19 @@ void TorchAllocator::init(int device_count) {
   initialized_ = true;
 }
 
+// Without a core nothing is cached yet. ~MemPool calls this with its pool's id right after releasing
+// the pool.
 void TorchAllocator::emptyCache(MempoolId mempool_id) {
-  TORCH_CHECK((mempool_id == MempoolId{0, 0}),
-              "streamalloc has no private memory pools; empty_cache() of a MemPool is not supported");
-  if (streamalloc::Allocator* core = this->core()) core->empty_cache();
+  streamalloc::Allocator* core = this->core();
+  if (core == nullptr) return;
+  const PoolId pool = to_pool(mempool_id);
+  torch_errors([&] {
+    if (pool.is_default()) {
+      core->empty_cache();
+    } else {
+      core->empty_cache(pool);
+    }
+  });
 }
 
 double TorchAllocator::getMemoryFraction(c10::DeviceIndex device) {
@@ -227,11 +252,19 @@ void TorchAllocator::resetPeakStats(c10::DeviceIndex device) {
   torch_errors([&] { core_or_create().reset_peak_stats(device); });
 }
 
+// As PyTorch's own allocator: the default id asks for every segment, private pools' included; a pool's
+// id for that pool's segments only (none for a pool that does not exist).
 c10::cuda::CUDACachingAllocator::SnapshotInfo TorchAllocator::snapshot(MempoolId mempool_id, bool) {
-  TORCH_CHECK((mempool_id == MempoolId{0, 0}), "streamalloc has no private memory pools to snapshot");
   const streamalloc::Allocator* core = this->core();
   if (core == nullptr) return to_torch_snapshot({}, 0, options_);
-  return to_torch_snapshot(core->segments(-1), core->device_count(), core->options());
+  std::vector<SegmentInfo> segments = core->segments(-1);
+  const PoolId pool = to_pool(mempool_id);
+  if (!pool.is_default()) {
+    segments.erase(std::remove_if(segments.begin(), segments.end(),
+                                  [&](const SegmentInfo& segment) { return segment.pool != pool; }),
+                   segments.end());
+  }
+  return to_torch_snapshot(segments, core->device_count(), core->options());
 }
 
 void TorchAllocator::recordHistory(bool enabled, c10::cuda::CUDACachingAllocator::CreateContextFn, size_t,
@@ -254,20 +287,111 @@ void TorchAllocator::attachAllocatorTraceTracker(c10::cuda::CUDACachingAllocator
                   "ProcessGroupNCCL's buffer-registration hook) will not be called");
 }
 
-// ---- CUDA graph pools ----
+// ---- memory pools ----
+//
+// PyTorch drives private pools from three places; each of its calls maps onto one core call:
+//  - CUDA graph capture (CUDAGraph::capture_begin / capture_end / reset): beginAllocateToPool with a
+//    filter that accepts the capturing streams, endAllocateToPool once the capture ends, releasePool
+//    when the graph is reset or destroyed.
+//  - torch.cuda.MemPool: createOrIncrefPool (and setUseOnOOM / setNoSplit) when it is made;
+//    use_mem_pool() opens a route that accepts the current thread (begin, end, release); ~MemPool
+//    releases the pool and empties its cache.
+//  - torch.compile's cudagraph trees: the routes above, plus getCheckpointState after each recording,
+//    setCheckpointPoolState before recording the next graph of the tree, and then
+//    checkPoolLiveAllocations (inductor's slow_path_cudagraph_asserts, on by default).
+// The use counts are the core's: begin_allocate_to_pool adds one, as createOrIncrefPool does, and
+// each is dropped by one releasePool, which is how PyTorch pairs them.
 
-// Graph capture allocates into a private pool that the graph owns between replays. streamalloc has
-// no such pools: memory freed after capture would be handed to other tensors while replays still
-// write into it. Refusing here, before the capture starts, turns that silent corruption into an error.
-void TorchAllocator::beginAllocateToPool(c10::DeviceIndex, MempoolId, std::function<bool(cudaStream_t)>) {
-  TORCH_CHECK(false,
-              "streamalloc does not support CUDA graph memory pools, so torch.cuda.graph capture (and "
-              "torch.compile's cudagraphs) cannot run under it; run that part without streamalloc");
+void TorchAllocator::beginAllocateToPool(c10::DeviceIndex device, MempoolId mempool_id,
+                                         std::function<bool(cudaStream_t)> filter) {
+  TORCH_CHECK(filter != nullptr, "streamalloc: beginAllocateToPool needs a stream filter");
+  streamalloc::Allocator& core = core_or_create();
+  // The core hands the filter its opaque Stream, which is the cudaStream_t it was given.
+  PoolFilter accepts = [filter = std::move(filter)](Stream stream) {
+    return filter(reinterpret_cast<cudaStream_t>(stream));
+  };
+  torch_errors([&] { core.begin_allocate_to_pool(device, to_pool(mempool_id), std::move(accepts)); });
 }
 
-// Nothing was ever allocated to a pool (beginAllocateToPool refuses), so ending or releasing one has
-// nothing to do; these stay silent because PyTorch also calls them while tearing a graph down.
-void TorchAllocator::endAllocateToPool(c10::DeviceIndex, MempoolId) {}
-void TorchAllocator::releasePool(c10::DeviceIndex, MempoolId) {}
+void TorchAllocator::endAllocateToPool(c10::DeviceIndex device, MempoolId mempool_id) {
+  streamalloc::Allocator& core = core_or_create();
+  torch_errors([&] { core.end_allocate_to_pool(device, to_pool(mempool_id)); });
+}
+
+void TorchAllocator::releasePool(c10::DeviceIndex device, MempoolId mempool_id) {
+  streamalloc::Allocator& core = core_or_create();
+  torch_errors([&] { core.release_pool(device, to_pool(mempool_id)); });
+}
+
+void TorchAllocator::createOrIncrefPool(c10::DeviceIndex device, MempoolId mempool_id,
+                                        std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> allocator) {
+  // PyTorch's own allocator would reserve such a pool's segments through the other allocator's
+  // raw_alloc (NCCL's registered memory, for instance); streamalloc reserves every segment itself, so
+  // accepting one would silently ignore what the caller asked for.
+  TORCH_CHECK(allocator == nullptr || allocator.get() == this,
+              "streamalloc: a MemPool with its own allocator (", allocator ? allocator->name() : std::string(),
+              ") is not supported: streamalloc reserves every pool's memory itself. Create the MemPool "
+              "without an allocator, or run this part without streamalloc.");
+  streamalloc::Allocator& core = core_or_create();
+  torch_errors([&] { core.create_or_incref_pool(device, to_pool(mempool_id)); });
+}
+
+int TorchAllocator::getPoolUseCount(c10::DeviceIndex device, MempoolId mempool_id) {
+  streamalloc::Allocator* core = this->core();
+  if (core == nullptr) return 0;
+  return torch_errors([&] { return core->pool_use_count(device, to_pool(mempool_id)); });
+}
+
+void TorchAllocator::setUseOnOOM(c10::DeviceIndex device, MempoolId mempool_id, bool use_on_oom) {
+  streamalloc::Allocator& core = core_or_create();
+  torch_errors([&] { core.set_pool_use_on_oom(device, to_pool(mempool_id), use_on_oom); });
+}
+
+void TorchAllocator::setNoSplit(c10::DeviceIndex device, MempoolId mempool_id) {
+  streamalloc::Allocator& core = core_or_create();
+  torch_errors([&] { core.set_pool_no_split(device, to_pool(mempool_id)); });
+}
+
+bool TorchAllocator::checkPoolLiveAllocations(c10::DeviceIndex device, MempoolId mempool_id,
+                                              const std::unordered_set<void*>& expected_live_allocations) {
+  streamalloc::Allocator& core = core_or_create();
+  const std::vector<const void*> expected(expected_live_allocations.begin(), expected_live_allocations.end());
+  return torch_errors([&] { return core.pool_live_blocks_are(device, to_pool(mempool_id), expected); });
+}
+
+std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> TorchAllocator::getCheckpointState(
+    c10::DeviceIndex device, MempoolId id) {
+  streamalloc::Allocator& core = core_or_create();
+  return torch_errors([&] { return std::make_shared<PoolState>(core.checkpoint_pool(device, to_pool(id))); });
+}
+
+// Everything that can refuse runs before restore_pool, and nothing after it can fail: once the core
+// has freed and re-created the pool's blocks, PyTorch must receive every one of them (a block left
+// out would stay live with no owner).
+c10::cuda::CUDACachingAllocator::CheckpointDelta TorchAllocator::setCheckpointPoolState(
+    c10::DeviceIndex device, std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> state) {
+  const std::shared_ptr<PoolState> saved = std::dynamic_pointer_cast<PoolState>(state);
+  TORCH_CHECK(saved != nullptr,
+              "streamalloc: setCheckpointPoolState was given a state that streamalloc's getCheckpointState did "
+              "not make (a checkpoint of another allocator cannot be restored into streamalloc's pools)");
+  const PoolCheckpoint& checkpoint = saved->checkpoint;
+  TORCH_CHECK(checkpoint.device == device, "streamalloc: the checkpoint of pool (", checkpoint.pool.first, ", ",
+              checkpoint.pool.second, ") was taken on device ", checkpoint.device, ", not on device ",
+              static_cast<int>(device));
+  streamalloc::Allocator& core = core_or_create();
+
+  std::size_t allocated = 0;
+  for (const SegmentLayout& segment : checkpoint.segments) {
+    for (const BlockLayout& block : segment.blocks) allocated += block.allocated ? 1 : 0;
+  }
+  c10::cuda::CUDACachingAllocator::CheckpointDelta delta;
+  delta.dataptrs_allocd.reserve(allocated);
+
+  PoolRestore restore = torch_errors([&] { return core.restore_pool(checkpoint); });
+  delta.ptrs_freed = std::move(restore.freed);
+  const c10::Device cuda_device(c10::DeviceType::CUDA, device);
+  for (void* ptr : restore.allocated) delta.dataptrs_allocd.emplace_back(ptr, ptr, &delete_block, cuda_device);
+  return delta;
+}
 
 }  // namespace streamalloc::torch

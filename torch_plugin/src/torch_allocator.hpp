@@ -10,6 +10,8 @@
 //    rejects, are served from streamalloc's own stats and block table.
 //  - an allocation that does not fit throws c10::OutOfMemoryError (torch.cuda.OutOfMemoryError in
 //    Python) with streamalloc's report, where the base class would hand PyTorch a null pointer.
+//  - the pool hooks (CUDA graph capture, torch.cuda.MemPool, torch.compile's cudagraph trees), which
+//    the base class ignores or rejects, map onto the core's private pools (streamalloc/pools.hpp).
 // The translation of stats and snapshots lives in torch_convert.hpp; the policy lives in the core.
 #pragma once
 
@@ -17,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
@@ -48,6 +51,8 @@ class TorchAllocator final : public ::torch::cuda::CUDAPluggableAllocator::CUDAP
 
   // ---- life cycle and policy ----
   void init(int device_count) override;
+  // {0, 0}: every cached segment that is free (Allocator::empty_cache()); a private pool's id: that
+  // pool's free segments, which go back only once no graph, MemPool or route uses the pool.
   void emptyCache(MempoolId mempool_id = {0, 0}) override;
   double getMemoryFraction(c10::DeviceIndex device) override;
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override;
@@ -58,6 +63,8 @@ class TorchAllocator final : public ::torch::cuda::CUDAPluggableAllocator::CUDAP
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
   void resetAccumulatedStats(c10::DeviceIndex device) override;
   void resetPeakStats(c10::DeviceIndex device) override;
+  // {0, 0}: every segment; a pool's id (MemPool.snapshot()): that pool's segments only. Each segment
+  // names its pool (segment_pool_id), which cudagraph trees read to find their pool's blocks.
   c10::cuda::CUDACachingAllocator::SnapshotInfo snapshot(MempoolId mempool_id = {0, 0},
                                                          bool include_traces = true) override;
   void recordHistory(bool enabled, c10::cuda::CUDACachingAllocator::CreateContextFn context_recorder,
@@ -67,11 +74,28 @@ class TorchAllocator final : public ::torch::cuda::CUDAPluggableAllocator::CUDAP
   void attachOutOfMemoryObserver(c10::cuda::CUDACachingAllocator::OutOfMemoryObserver observer) override;
   void attachAllocatorTraceTracker(c10::cuda::CUDACachingAllocator::AllocatorTraceTracker tracker) override;
 
-  // ---- what streamalloc does not provide: refused with a message saying so ----
+  // ---- memory pools: CUDA graph capture, torch.cuda.MemPool, torch.compile's cudagraph trees ----
+  // Each forwards to the core's pool of the same id (MempoolId_t and PoolId number pools alike); the
+  // core's refusals become c10 errors and change nothing.
   void beginAllocateToPool(c10::DeviceIndex device, MempoolId mempool_id,
                            std::function<bool(cudaStream_t)> filter) override;
   void endAllocateToPool(c10::DeviceIndex device, MempoolId mempool_id) override;
   void releasePool(c10::DeviceIndex device, MempoolId mempool_id) override;
+  // `allocator` is what torch.cuda.MemPool(allocator=...) was given: streamalloc serves a pool only
+  // from its own segments, so any allocator but this one is refused.
+  void createOrIncrefPool(c10::DeviceIndex device, MempoolId mempool_id,
+                          std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> allocator = nullptr) override;
+  int getPoolUseCount(c10::DeviceIndex device, MempoolId mempool_id) override;
+  void setUseOnOOM(c10::DeviceIndex device, MempoolId mempool_id, bool use_on_oom) override;
+  void setNoSplit(c10::DeviceIndex device, MempoolId mempool_id) override;
+  bool checkPoolLiveAllocations(c10::DeviceIndex device, MempoolId mempool_id,
+                                const std::unordered_set<void*>& expected_live_allocations) override;
+  // A private pool's block layout (a streamalloc::PoolCheckpoint inside PyTorch's opaque state), and
+  // its restore: the delta's DataPtrs carry raw_deleter(), as PyTorch's storages expect.
+  std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> getCheckpointState(c10::DeviceIndex device,
+                                                                                       MempoolId id) override;
+  c10::cuda::CUDACachingAllocator::CheckpointDelta setCheckpointPoolState(
+      c10::DeviceIndex device, std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> state) override;
 
   std::string name() override { return "streamalloc"; }
 

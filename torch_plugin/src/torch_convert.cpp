@@ -62,6 +62,9 @@ c10::cuda::CUDACachingAllocator::SnapshotInfo to_torch_snapshot(const std::vecto
     s.active_size = segment.active_size;
     s.stream = reinterpret_cast<void*>(segment.stream);
     s.is_large = segment.is_large;
+    // PyTorch's snapshot calls it segment_pool_id; cudagraph trees find their pool's blocks by it.
+    s.owner_private_pool_id = {static_cast<c10::CaptureId_t>(segment.pool.first),
+                               static_cast<c10::CaptureId_t>(segment.pool.second)};
     s.blocks.reserve(segment.blocks.size());
     // PyTorch derives each block's address from the segment's address and the sizes before it, so
     // the blocks must cover the segment in address order, as Allocator::segments() lists them.

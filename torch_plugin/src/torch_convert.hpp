@@ -15,8 +15,8 @@ namespace streamalloc::torch {
 
 c10::CachingDeviceAllocator::DeviceStats to_torch_stats(const DeviceStats& stats);
 
-// Segments of every device (Allocator::segments(-1)); one empty trace list per device, since
-// streamalloc records no allocation history.
+// Segments as Allocator::segments() lists them (each with the id of its pool); one empty trace list
+// per device, since streamalloc records no allocation history.
 c10::cuda::CUDACachingAllocator::SnapshotInfo to_torch_snapshot(const std::vector<SegmentInfo>& segments,
                                                                int device_count, const Options& options);
 

@@ -9,10 +9,12 @@ fork, set CUDA_VISIBLE_DEVICES and so on.
 Two paths:
 - "extension": streamalloc._torch_ext, a LibTorch CUDAPluggableAllocator subclass that serves
   torch.cuda.memory_stats(), memory_allocated(), _snapshot(), cacheInfo (cudnn.benchmark),
-  get_per_process_memory_fraction() and raises torch.cuda.OutOfMemoryError.
+  get_per_process_memory_fraction(), the private pools of CUDA graphs, MemPool and
+  torch.compile(mode="reduce-overhead"), and raises torch.cuda.OutOfMemoryError.
 - "c-abi": PyTorch's Python CUDAPluggableAllocator over libstreamalloc.so, with record_stream,
   empty_cache, memory fraction, init and base_alloc hooks set from ctypes function addresses. What
-  PyTorch 2.11's pluggable base class does not support stays unsupported there (docs/pytorch.md).
+  PyTorch 2.11's pluggable base class does not support stays unsupported there (docs/pytorch.md),
+  memory pools included: a graph captured on this path has no private pool.
 STREAMALLOC_TORCH_PATH=auto|extension|c-abi chooses (auto: the extension when it is found).
 """
 

@@ -40,7 +40,8 @@ def _device_index(device: Device) -> int:
 
 def stats(device: Device = None) -> dict:
     """Statistics of one device: {"memory_stats": {torch.cuda.memory_stats() keys},
-    "stream_stats": {record_stream calls, fences, pending blocks per stream, ...}}.
+    "stream_stats": {record_stream calls, fences, pending blocks per stream, ...},
+    "pools": [the default pool, then each private pool: id, use_count, routed, flags, bytes]}.
     The same keys with every number zero before PyTorch has initialised CUDA."""
     path = _enable.enabled_path()
     if not path.is_initialized():

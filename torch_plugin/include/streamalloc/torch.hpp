@@ -9,9 +9,11 @@
 // After install(), every CUDA allocation PyTorch makes goes through streamalloc, and PyTorch's own
 // memory APIs keep working from streamalloc's numbers: c10::cuda::CUDACachingAllocator::
 // getDeviceStats() (torch.cuda.memory_stats()), resetPeakStats(), snapshot(), cacheInfo() (used by
-// cuDNN benchmarking), get/setMemoryFraction(), emptyCache(), recordStream(); an allocation that does
-// not fit throws c10::OutOfMemoryError with streamalloc's report. docs/pytorch.md lists what PyTorch's
-// pluggable-allocator interface leaves out (CUDA graph pools, IPC, allocation history).
+// cuDNN benchmarking), get/setMemoryFraction(), emptyCache(), recordStream(), and the private-pool
+// calls of CUDA graph capture, MemPool and torch.compile's cudagraph trees (beginAllocateToPool,
+// releasePool, getCheckpointState, setCheckpointPoolState, ...); an allocation that does not fit
+// throws c10::OutOfMemoryError with streamalloc's report. docs/pytorch.md lists what stays
+// unsupported (IPC, allocation history, MemPools with an allocator of their own).
 #pragma once
 
 #include <string>
