@@ -50,7 +50,7 @@ class DeviceGuard {
 
 // Puts the calling thread in relaxed capture mode for a scope: a call the runtime counts as
 // "potentially unsafe" then does not invalidate another stream's capture in global mode. Only for
-// calls that are safe during a capture (reserving memory, asking a stream's device).
+// calls that are safe during a capture (reserving memory).
 class RelaxedCaptureMode {
  public:
   RelaxedCaptureMode() {
@@ -199,9 +199,16 @@ class CudaBackend final : public Backend {
   int stream_device(Stream stream) override {
     if (is_default_stream(stream)) return -1;
     int device = -1;
-    // The cache asks on its first sight of a stream, which can be an allocation inside a capture (a
-    // stream forked into it); in global capture mode the query would invalidate that capture.
-    RelaxedCaptureMode relaxed;
+    // The cache asks on its first sight of a stream, which can be an allocation inside a capture. On a
+    // capturing stream cudaStreamGetDevice fails (cudaErrorStreamCaptureUnsupported) and invalidates the
+    // capture, in every capture mode; cudaStreamIsCapturing is allowed. So a capturing stream's device
+    // is "cannot tell".
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(to_cuda(stream), &capture) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return -1;
+    }
+    if (capture != cudaStreamCaptureStatusNone) return -1;
     if (cudaStreamGetDevice(to_cuda(stream), &device) != cudaSuccess) {
       (void)cudaGetLastError();  // the contract says "cannot tell", not "fail"
       return -1;

@@ -60,7 +60,8 @@ class Backend {
 
   virtual DeviceMemoryInfo memory_info(int device) = 0;
   // The device `stream` belongs to, or -1 when the backend cannot tell (e.g. the legacy default
-  // stream, which belongs to whichever device is current).
+  // stream, which belongs to whichever device is current, or a stream capturing a graph, which CUDA
+  // will not be asked about without invalidating the capture).
   virtual int stream_device(Stream stream) = 0;
 };
 
