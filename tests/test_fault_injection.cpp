@@ -100,6 +100,7 @@ std::string op_name(Op op) {
     case Op::kCreateEvent: return "create_event";
     case Op::kRecordEvent: return "record_event";
     case Op::kQueryEvent: return "query_event";
+    case Op::kQueryStream: return "query_stream";
     case Op::kSynchronizeEvent: return "synchronize_event";
     case Op::kStreamWait: return "stream_wait";
     case Op::kMemset: return "memset";

@@ -158,6 +158,7 @@ class DeviceCache {
   void release_pending(Block* block);
   void finish_fence(StreamState& state, Fence& fence);
   void close_batches_and_poll();
+  void poll_fences(bool close_batches);
   void synchronize_all_fences(bool for_memory = false);
   bool any_stream_capturing();
   // For the aids: the pending stats of `count` streams changed at `when`. Out of line and cold.
@@ -167,7 +168,8 @@ class DeviceCache {
   // ---- lifecycle (device_cache_lifecycle.cpp)
   // Give back entirely free, settled segments of the default pool and of freeable private pools (of
   // `only` alone when given) until `target_bytes` are released. Nothing while a graph captures.
-  std::size_t release_free_segments(std::size_t target_bytes, const MemoryPool* only = nullptr);
+  std::size_t release_free_segments(std::size_t target_bytes, const MemoryPool* only = nullptr,
+                                    bool ask_streams = true);
   std::size_t memory_cap() const;
   void note_device_total() {
     if (device_total_ == 0) device_total_ = backend_.memory_info(device_).total_bytes;

@@ -66,13 +66,13 @@ void* DeviceCache::allocate(std::size_t requested, Stream stream) {
   // While blocks are pending, their fences may have completed since the last pass (a host sync, or
   // time): PyTorch's allocator polls its events on every allocation, so after a sync it hands a
   // pending block back even when a larger cached block could serve. The cache polls before the best
-  // fit too, but at most once per tick of the coarse clock (a few ms), so that a cross-stream loop keeps
-  // its batched fences.
+  // fit too, at most once per tick of the coarse clock (a few ms), and records no fence there, so that
+  // a cross-stream loop keeps its batched fences.
   if (stats_.pending_blocks.current > 0) {
     const Clock::time_point now = coarse_now();
     if (now != last_pending_poll_) {
       last_pending_poll_ = now;
-      close_batches_and_poll();
+      poll_fences(/*close_batches=*/false);
     }
   }
 

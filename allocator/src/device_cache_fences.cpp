@@ -115,12 +115,19 @@ bool DeviceCache::any_stream_capturing() {
 // replaces the event record and query; only streams with pending blocks are asked, only here.
 void DeviceCache::close_batches_and_poll() {
   flush_all_hot();  // parked blocks join the free lists, where they can merge and settle
+  poll_fences(/*close_batches=*/true);
+}
+
+// Without `close_batches` nothing is recorded: fences in flight are polled and idle streams' open
+// batches complete, so pending blocks whose streams are done come back without costing a new event.
+void DeviceCache::poll_fences(bool close_batches) {
   if (any_stream_capturing()) return;
   // Uses from a capture that has ended leave their batches first (an idle batch completes without
   // close_batch, which would drop them otherwise).
   if (!capture_uses_.empty()) drop_ended_capture_uses();
   const auto now = Clock::now();
   for (auto& [stream, state] : streams_) {
+    if (!close_batches && state->fences.in_flight().empty() && state->fences.open_pending().empty()) continue;
     Fence fence;
     std::uint64_t queries = 0;
     bool oldest_incomplete = false;  // then no newer fence of the stream can have completed either
@@ -132,12 +139,17 @@ void DeviceCache::close_batches_and_poll() {
     bool idle = false;
     if (has_pending && state->fences.in_flight().empty()) {
       ++queries;
-      idle = backend_.query_stream(device_, stream);
+      // Only a shortcut: a failed query means "not known idle", and the batch is fenced as usual.
+      try {
+        idle = backend_.query_stream(device_, stream);
+      } catch (const Error& e) {
+        log().warn("device {}: asking whether stream {:#x} is idle failed: {}", device_, stream, e.what());
+      }
     }
     if (idle && state->fences.complete_open_batch(&fence)) {
       ++stats_.fences_skipped_idle;
       finish_fence(*state, fence);
-    } else {
+    } else if (close_batches) {
       close_batch(*state);
     }
     if (!oldest_incomplete) {

@@ -11,9 +11,11 @@ std::size_t DeviceCache::memory_cap() const {
 }
 
 // Segments that are one settled free block go back, in address order. cudaFree is not allowed while
-// a graph captures, so nothing goes back then; the next call after the capture does it.
-std::size_t DeviceCache::release_free_segments(std::size_t target_bytes, const MemoryPool* only) {
-  if (any_stream_capturing()) return 0;
+// a graph captures, so nothing goes back then; the next call after the capture does it. Teardown
+// (`ask_streams` false) asks no stream: they may be destroyed by then, and no capture can be running.
+std::size_t DeviceCache::release_free_segments(std::size_t target_bytes, const MemoryPool* only,
+                                               bool ask_streams) {
+  if (ask_streams && any_stream_capturing()) return 0;
   std::size_t released = 0;
   for (Segment* segment : segments_.all()) {
     if (released >= target_bytes) break;
@@ -91,7 +93,7 @@ void DeviceCache::release_all() {
       log().debug("device {}: fence wait at teardown failed: {}", device_, e.what());
     }
   }
-  release_free_segments(SIZE_MAX);
+  release_free_segments(SIZE_MAX, nullptr, /*ask_streams=*/false);
   if (!live_.empty()) {
     log().debug("device {}: {} block(s) still allocated at teardown stay reserved", device_, live_.size());
   }
