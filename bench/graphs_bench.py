@@ -40,30 +40,15 @@ REPO = HERE.parents[1]
 
 def worker(args: argparse.Namespace) -> None:
     import torch
-    import torch.nn.functional as F
     from torch import nn
+
+    from transformer_block import Block
 
     d, heads, ff = args.d_model, args.heads, 4 * args.d_model
 
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.norm1 = nn.LayerNorm(d)
-            self.qkv = nn.Linear(d, 3 * d)
-            self.proj = nn.Linear(d, d)
-            self.norm2 = nn.LayerNorm(d)
-            self.ff1 = nn.Linear(d, ff)
-            self.ff2 = nn.Linear(ff, d)
-
-        def forward(self, x):
-            b, t, _ = x.shape
-            q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
-            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
-            return x + self.ff2(F.gelu(self.ff1(self.norm2(x))))
 
     torch.manual_seed(0)
-    model = nn.Sequential(*[Block() for _ in range(args.layers)]).cuda().eval().to(torch.bfloat16)
+    model = nn.Sequential(*[Block(d, heads, ff) for _ in range(args.layers)]).cuda().eval().to(torch.bfloat16)
     compiled = torch.compile(model, mode="reduce-overhead", dynamic=False)
     x = torch.randn(args.batch, args.seq, d, device="cuda", dtype=torch.bfloat16)
 
