@@ -82,4 +82,25 @@ struct Segment {
 
 inline int pool_index(PoolKind pool) { return static_cast<int>(pool); }
 
+// Cut free block `block` after `size` bytes: the tail becomes a new free block in the same state (owner
+// stream, settled or not, fence sequence, age) and address neighbour; `block` keeps the first `size`
+// bytes. Neither is in any index afterwards. Returns the tail.
+inline Block* split_block(Block* block, std::size_t size) {
+  auto* rest = new Block;
+  rest->address = block->address + size;
+  rest->size = block->size - size;
+  rest->segment = block->segment;
+  rest->prev = block;
+  rest->next = block->next;
+  if (rest->next) rest->next->prev = rest;
+  block->next = rest;
+  rest->state = BlockState::kFree;
+  rest->settled = block->settled;
+  rest->stream = block->stream;
+  rest->settle_seq = block->settle_seq;
+  rest->since = block->since;
+  block->size = size;
+  return rest;
+}
+
 }  // namespace streamalloc

@@ -70,6 +70,17 @@ class RelaxedCaptureMode {
   bool restore_ = true;
 };
 
+// The answer of a non-blocking query (cudaEventQuery, cudaStreamQuery): "not yet" is an answer, not an
+// error; anything else but success is.
+bool completed(cudaError_t err, const char* call, int device) {
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  check(err, call, device);
+  return true;
+}
+
 cudaStream_t to_cuda(Stream stream) { return reinterpret_cast<cudaStream_t>(stream); }
 cudaEvent_t to_cuda(Event event) { return static_cast<cudaEvent_t>(event); }
 
@@ -139,24 +150,12 @@ class CudaBackend final : public Backend {
 
   bool query_event(int device, Event event) override {
     DeviceGuard guard(device);
-    const cudaError_t err = cudaEventQuery(to_cuda(event));
-    if (err == cudaErrorNotReady) {
-      (void)cudaGetLastError();  // "not yet" is an answer, not an error
-      return false;
-    }
-    check(err, "cudaEventQuery", device);
-    return true;
+    return completed(cudaEventQuery(to_cuda(event)), "cudaEventQuery", device);
   }
 
   bool query_stream(int device, Stream stream) override {
     DeviceGuard guard(device);
-    const cudaError_t err = cudaStreamQuery(to_cuda(stream));
-    if (err == cudaErrorNotReady) {
-      (void)cudaGetLastError();  // "not yet" is an answer, not an error
-      return false;
-    }
-    check(err, "cudaStreamQuery", device);
-    return true;
+    return completed(cudaStreamQuery(to_cuda(stream)), "cudaStreamQuery", device);
   }
 
   void synchronize_event(int device, Event event) override {

@@ -103,6 +103,7 @@ class DeviceCache {
   MemoryPool* find_pool(PoolId pool);
   const MemoryPool* find_pool(PoolId pool) const;
   MemoryPool& private_pool(PoolId pool, const char* operation);  // refuses unknown and default pools
+  MemoryPool& add_pool_use(PoolId pool);  // a private pool, created with no use if new, gains one
   Block* find_free_in_use_on_oom_pools(PoolKind kind, std::size_t size, Stream stream);
   void erase_empty_freeable_pools();
 

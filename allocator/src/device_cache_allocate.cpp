@@ -154,21 +154,7 @@ Block* DeviceCache::take(Block* block, std::size_t size, std::size_t requested, 
   remove_free(block);
   const PoolKind pool = block->segment->pool;
   if (!block->segment->owner->no_split && size_policy::should_split(block->size, size, pool, options_)) {
-    auto* rest = new Block;
-    rest->address = block->address + size;
-    rest->size = block->size - size;
-    rest->segment = block->segment;
-    rest->prev = block;
-    rest->next = block->next;
-    if (rest->next) rest->next->prev = rest;
-    block->next = rest;
-    rest->state = BlockState::kFree;
-    rest->settled = block->settled;
-    rest->stream = block->stream;
-    rest->settle_seq = block->settle_seq;
-    rest->since = block->since;
-    block->size = size;
-    insert_free(rest);
+    insert_free(split_block(block, size));
   }
   return hand_out(block, requested, stream);
 }

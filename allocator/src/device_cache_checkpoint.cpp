@@ -105,23 +105,7 @@ PoolRestore DeviceCache::restore_pool(const PoolCheckpoint& checkpoint) {
     std::vector<Block*> free_pieces;
     for (const BlockLayout& saved : layout.blocks) {
       Block* piece = rest;
-      if (rest->size > saved.size) {
-        rest = new Block;
-        rest->address = piece->address + saved.size;
-        rest->size = piece->size - saved.size;
-        rest->segment = segment;
-        rest->prev = piece;
-        rest->next = piece->next;
-        if (rest->next) rest->next->prev = rest;
-        piece->next = rest;
-        rest->state = BlockState::kFree;
-        rest->settled = true;
-        rest->stream = piece->stream;
-        rest->since = piece->since;
-        piece->size = saved.size;
-      } else {
-        rest = nullptr;
-      }
+      rest = rest->size > saved.size ? split_block(piece, saved.size) : nullptr;
       if (saved.allocated) {
         hand_out(piece, saved.requested, saved.stream);
         result.allocated.push_back(reinterpret_cast<void*>(piece->address));

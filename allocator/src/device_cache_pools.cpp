@@ -46,14 +46,19 @@ MemoryPool& DeviceCache::routed_pool(Stream stream) {
   return default_pool_;
 }
 
+MemoryPool& DeviceCache::add_pool_use(PoolId pool) {
+  auto& slot = private_pools_[pool];
+  if (slot == nullptr) slot = std::make_unique<MemoryPool>(pool, options_.cross_stream_reuse);
+  ++slot->use_count;
+  return *slot;
+}
+
 void DeviceCache::create_or_incref_pool(PoolId pool) {
   Lock lock(mutex_);
   if (pool.is_default()) {
     throw Error(ErrorCode::kInvalidArgument, "streamalloc: the default memory pool (0, 0) cannot be created");
   }
-  auto& slot = private_pools_[pool];
-  if (slot == nullptr) slot = std::make_unique<MemoryPool>(pool, options_.cross_stream_reuse);
-  ++slot->use_count;
+  add_pool_use(pool);
 }
 
 void DeviceCache::release_pool(PoolId pool) {
@@ -81,10 +86,7 @@ void DeviceCache::begin_allocate_to_pool(PoolId pool, PoolFilter filter) {
                               device_, name(pool)));
     }
   }
-  auto& slot = private_pools_[pool];
-  if (slot == nullptr) slot = std::make_unique<MemoryPool>(pool, options_.cross_stream_reuse);
-  ++slot->use_count;
-  routes_.push_back(Route{slot.get(), std::move(filter)});
+  routes_.push_back(Route{&add_pool_use(pool), std::move(filter)});
 }
 
 void DeviceCache::end_allocate_to_pool(PoolId pool) {

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from support import CUDA_DEVICES, HAS_EXTENSION, requires_native, requires_torch, run_code
+from support import CUDA_DEVICES, HAS_EXTENSION, requires_extension, requires_native, requires_torch, run_code
 
 pytestmark = [requires_native, requires_torch]
 
@@ -202,7 +202,7 @@ def test_queries_before_enable_say_what_to_do():
     assert "not enabled" in result.stdout and "python -m streamalloc" in result.stdout
 
 
-@pytest.mark.skipif(not HAS_EXTENSION, reason="the LibTorch extension (_torch_ext) was not built")
+@requires_extension
 def test_extension_serves_pytorchs_memory_queries():
     result = run_enable(
         "streamalloc.enable(audit='warn')\n"

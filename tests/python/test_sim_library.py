@@ -6,7 +6,7 @@ import re
 import pytest
 
 from streamalloc import _inspect, _native, report
-from support import REPO, SCRIPTS, HAS_EXTENSION, HAS_TORCH, last_json, requires_native, run_code, run_python
+from support import REPO, SCRIPTS, HAS_TORCH, last_json, requires_extension, requires_native, run_code, run_python
 
 HEADER = (REPO / "allocator" / "include" / "streamalloc" / "streamalloc.h").read_text()
 
@@ -147,7 +147,7 @@ def test_the_library_exports_the_table_and_binds_one_method_each():
         assert callable(getattr(lib, function.name)), function.name
 
 
-@pytest.mark.skipif(not HAS_EXTENSION, reason="the LibTorch extension (_torch_ext) was not built")
+@requires_extension
 def test_the_extension_has_every_shared_function():
     result = run_code(
         "import json\n"
