@@ -35,6 +35,10 @@ def parse_args(description: str, delay_cycles: int = DELAY_CYCLES) -> argparse.N
     parser.add_argument("--dump", metavar="FILE", default=None,
                         help="under streamalloc: write streamalloc.dump(FILE) at the end, for python -m "
                              "streamalloc.report FILE (with pending_history:N in the conf, add --timeline OUT.png)")
+    parser.add_argument("--memory-history", metavar="FILE", default=None,
+                        help="record PyTorch's allocation history (torch.cuda.memory._record_memory_history) and "
+                             "write the snapshot to FILE at the end (torch.cuda.memory._dump_snapshot), for "
+                             "memory_viz or python examples/memory_viz.py FILE")
     return parser.parse_args()
 
 
@@ -45,6 +49,9 @@ class Pipeline:
         if not torch.cuda.is_available():
             sys.exit("this example needs a CUDA device")
         self.args = args
+        if args.memory_history:
+            # Before the first allocation, so that the trace holds every block the pipeline uses.
+            torch.cuda.memory._record_memory_history(max_entries=100_000)
         generator = torch.Generator().manual_seed(args.seed)
         self.host = [torch.randn(args.batch, args.dim, generator=generator).pin_memory()
                      for _ in range(UNIQUE_BATCHES)]
@@ -94,6 +101,10 @@ class Pipeline:
         }
         print(f"{name}: {steps} steps on {summary['allocator']}: {summary['mismatched_steps']} steps read wrong "
               f"data ({summary['nan_steps']} of them NaN, the poisoned bytes of streamalloc's poison option)")
+        if self.args.memory_history:
+            torch.cuda.memory._dump_snapshot(self.args.memory_history)
+            torch.cuda.memory._record_memory_history(enabled=None)
+            summary["memory_history"] = self.args.memory_history
         stream_stats = print_streamalloc_stats()
         if stream_stats is not None:
             summary["stream_stats"] = stream_stats
