@@ -86,6 +86,12 @@ def parity(allocator: str) -> Run:
     return _launch("parity_probe.py", "sections", allocator)
 
 
+def close(got: float, want: float) -> bool:
+    """A memory fraction read back: PyTorch's allocator may return it as allowed bytes / total bytes,
+    so the bar is PyTorch's own test's float tolerance, not bit equality."""
+    return math.isclose(got, want, rel_tol=1.3e-6, abs_tol=1e-5)
+
+
 def behaviour(allocator: str, name: str) -> dict:
     return contract(allocator).facts(name)
 
@@ -202,11 +208,11 @@ def test_set_per_process_memory_fraction(allocator):
     assert f["int_one"]["type"] == "TypeError" and "Invalid type" in f["int_one"]["message"], f
     for key in ("negative", "two"):
         assert f[key]["type"] == "ValueError" and "Invalid fraction value" in f[key]["message"], f
-    assert math.isclose(f["get_after_half"], 0.5, rel_tol=1e-6), f
+    assert close(f["get_after_half"], 0.5), f
     assert f["just_under_half"] is None, f"49.9% of the device minus what is reserved must fit under a 0.5 cap: {f}"
     half = f["half"]
     assert half and half["is_runtime_error"] and "out of memory" in half["message"], f
-    assert f["kernel_after"] and f["restored"] == f["original"], f
+    assert f["kernel_after"] and close(f["restored"], f["original"]), f
 
 
 @pytest.mark.parametrize("allocator", ALLOCATORS)
@@ -216,9 +222,9 @@ def test_get_per_process_memory_fraction(allocator):
     # PyTorch's test compares with its default float tolerances; a fraction of exactly 0 must read
     # back as 0 (no new device memory at all).
     for value, got in f["set_and_got"]:
-        assert math.isclose(got, value, rel_tol=1.3e-6, abs_tol=1e-5), f
+        assert close(got, value), f
     assert f["set_and_got"][1][1] == 0.0, f
-    assert f["restored"] == f["initial"], f
+    assert close(f["restored"], f["initial"]), f
 
 
 @pytest.mark.parametrize("allocator", ALLOCATORS)
@@ -430,19 +436,21 @@ def test_record_memory_history():
                      f"{ours['enable']['type']}")
     assert ours["enable"] is None, ours
     assert_same(native["trace_keys"], ours["trace_keys"], "device_traces entries' keys")
-    assert set(native["actions"]) <= set(ours["actions"]) | {"segment_alloc", "segment_free"}, (native, ours)
+    # The actions of a block's life must all be traced; PyTorch's also traces segment and snapshot
+    # events, which follow each allocator's policy.
+    core = {"alloc", "free_requested", "free_completed"} & set(native["actions"])
+    assert core <= set(ours["actions"]), (native["actions"], ours["actions"])
     assert native["after_disable_traces"] == ours["after_disable_traces"]
 
 
 @requires_extension
 def test_memory_fraction_valid_and_invalid_values():
     native, ours = both("memory_fraction")
-    assert native["default"] == ours["default"] == 1.0 and ours["default_type"] == "float"
+    assert close(native["default"], 1.0) and close(ours["default"], 1.0) and ours["default_type"] == "float"
     for value, (error, got) in native["valid"].items():
         our_error, our_got = ours["valid"][value]
         assert error is None and our_error is None, (value, error, our_error)
-        assert math.isclose(got, float(value), rel_tol=1.3e-6, abs_tol=1e-5)
-        assert math.isclose(our_got, float(value), rel_tol=1.3e-6, abs_tol=1e-5)
+        assert close(got, float(value)) and close(our_got, float(value)), (value, got, our_got)
     # Which bad values raise, and what type; PyTorch's Python catches most before either allocator.
     lines = []
     for case, n in native["invalid"].items():
@@ -450,7 +458,7 @@ def test_memory_fraction_valid_and_invalid_values():
         if (n is None) != (o is None) or (n and (n["type"], n["is_runtime_error"]) != (o["type"], o["is_runtime_error"])):
             lines.append(f"{case}: native={n} streamalloc={o}")
     assert not lines, "set/get_per_process_memory_fraction differ on bad input:\n  " + "\n  ".join(lines)
-    assert native["after_invalid"] == ours["after_invalid"] == 1.0
+    assert close(native["after_invalid"], 1.0) and close(ours["after_invalid"], 1.0), (native, ours)
     assert native["allocates_after"] and ours["allocates_after"]
 
 
