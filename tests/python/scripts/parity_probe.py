@@ -200,7 +200,8 @@ def snapshot() -> dict:
 
 def record_memory_history() -> dict:
     """Turning allocation history on, allocating, and turning it off: the trace entries' keys."""
-    facts = {"enable": raised(lambda: torch.cuda.memory._record_memory_history(max_entries=1000))}
+    # Python stacks only: symbolising C++ stacks can take seconds, and the entries' keys are the same.
+    facts = {"enable": raised(lambda: torch.cuda.memory._record_memory_history(stacks="python", max_entries=1000))}
     if facts["enable"] is None:
         keep = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in (1000, 4 * MiB)]
         del keep[0]
