@@ -1,7 +1,10 @@
 // streamalloc::torch::install(): choose streamalloc as PyTorch's CUDA allocator, once per process.
+#include <cstdint>
+#include <limits>
 #include <memory>
 #include <mutex>
 
+#include <c10/core/Allocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 
 #include "streamalloc/torch.hpp"
@@ -60,6 +63,12 @@ void install(const Options& options) {
     TorchAllocator::set_current(nullptr);
     throw Error(ErrorCode::kConfig, std::string("streamalloc: PyTorch refused the allocator: ") + error.what());
   }
+  // changeCurrentAllocator swaps what torch.cuda and c10::cuda::CUDACachingAllocator::get() reach, but
+  // not c10's per-device-type registry, through which the device-generic torch.accelerator API
+  // (memory_stats, memory_allocated, empty_cache, ...) finds the CUDA allocator: without this it would
+  // report the idle native allocator. Highest priority: the native allocator registered itself at
+  // static initialisation, with a priority this cannot know.
+  c10::SetAllocator(c10::DeviceType::CUDA, allocator.get(), std::numeric_limits<std::uint8_t>::max());
   state.allocator = std::move(allocator);
 }
 

@@ -129,6 +129,10 @@ def graphed_mlp() -> dict:
     graphed = torch.cuda.make_graphed_callables(model, (sample,))
     matches = []
     for step in range(3):
+        # Each step's gradients alone: a graphed backward writes its parameter gradients into the graph's
+        # static buffers, which .grad then aliases, so accumulating across replays is not eager's sum.
+        for p in (*model.parameters(), *eager.parameters()):
+            p.grad = None
         x = torch.randn(16, 32, device="cuda", requires_grad=True)
         out_graphed, out_eager = graphed(x), eager(x)
         out_graphed.sum().backward()

@@ -94,8 +94,8 @@ def walk_states() -> dict:
         pending.add_(1)
     pending.record_stream(side)
     del pending
+    side_was_busy = not side.query()  # before record(), which may take long enough for the spin to end
     record("pending")
-    side_was_busy = not side.query()
     side.synchronize()
     kept.append(torch.empty(SYNCED_SIZE, dtype=torch.uint8, device="cuda"))  # settles the pending block
     record("synced")
