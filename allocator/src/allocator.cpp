@@ -7,6 +7,7 @@
 #include "audit.hpp"
 #include "debug_aid.hpp"
 #include "device_cache.hpp"
+#include "history_recorder.hpp"
 #include "logging.hpp"
 #include "sync_checker.hpp"
 
@@ -18,6 +19,9 @@ struct Allocator::Internals {
   Audit audit;
   std::unique_ptr<SyncChecker> sync;
   std::atomic<bool> shut_down{false};
+  // One per device; a cache holds a pointer to its recorder while the history is on.
+  std::vector<std::unique_ptr<HistoryRecorder>> recorders;
+  std::atomic<bool> history_enabled{false};
 };
 
 namespace {
@@ -35,6 +39,7 @@ Allocator::Allocator(Options options, std::shared_ptr<Backend> backend)
   for (int d = 0; d < devices; ++d) {
     caches_.push_back(std::make_unique<DeviceCache>(
         d, options_, *backend_, make_debug_aids(d, options_, *backend_, internals_->audit, internals_->sync.get())));
+    internals_->recorders.push_back(std::make_unique<HistoryRecorder>());
   }
   log().info("allocator on the {} backend, {} device(s); options: {}", backend_->name(), devices,
              options_.to_conf_string());
@@ -197,6 +202,7 @@ std::string Allocator::pending_history_json(int device) const { return pending_h
 
 void Allocator::validate() const {
   for (const auto& c : caches_) c->validate();
+  for (const auto& r : internals_->recorders) r->validate();
 }
 
 void Allocator::note_event_record(std::uintptr_t event, Stream stream) {
@@ -240,5 +246,47 @@ void Allocator::shutdown() {
 }
 
 bool Allocator::is_shut_down() const { return internals_->shut_down.load(); }
+
+}  // namespace streamalloc
+
+namespace streamalloc {
+
+void Allocator::record_history(bool enabled, std::size_t max_entries, bool clear) {
+  HistorySettings settings;
+  settings.enabled = enabled;
+  settings.max_entries = max_entries;
+  settings.clear = clear;
+  record_history(settings);
+}
+
+// A cache sends events only while it points at its recorder: detached before the recorder stops,
+// attached after it starts, so that no event is lost or recorded against the settings.
+void Allocator::record_history(const HistorySettings& settings) {
+  for (int d = 0; d < device_count(); ++d) {
+    HistoryRecorder& recorder = *internals_->recorders[static_cast<std::size_t>(d)];
+    DeviceCache& c = cache(d);
+    if (!settings.enabled) c.set_trace_sink(nullptr);
+    recorder.configure(settings);
+    if (settings.enabled) c.set_trace_sink(&recorder);
+  }
+  internals_->history_enabled.store(settings.enabled, std::memory_order_relaxed);
+}
+
+bool Allocator::history_enabled() const { return internals_->history_enabled.load(std::memory_order_relaxed); }
+
+// Like the reports, the history stays readable after shutdown.
+std::vector<TraceEntry> Allocator::history(int device) const {
+  if (device < 0 || device >= device_count()) {
+    throw Error(ErrorCode::kInvalidArgument, "streamalloc: history of device " + std::to_string(device) +
+                                                 ", which does not exist; this allocator manages devices 0.." +
+                                                 std::to_string(device_count() - 1));
+  }
+  return internals_->recorders[static_cast<std::size_t>(device)]->entries();
+}
+
+LiveContexts Allocator::live_contexts(int device) const {
+  if (device < 0 || device >= device_count()) return {};
+  return internals_->recorders[static_cast<std::size_t>(device)]->live_contexts();
+}
 
 }  // namespace streamalloc

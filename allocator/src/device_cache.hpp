@@ -25,11 +25,13 @@
 #include "memory_pool.hpp"
 #include "segment_source.hpp"
 #include "stream_state.hpp"
+#include "trace_events.hpp"
 #include "streamalloc/backend.hpp"
 #include "streamalloc/blocks.hpp"
 #include "streamalloc/options.hpp"
 #include "streamalloc/pools.hpp"
 #include "streamalloc/stats.hpp"
+#include "streamalloc/trace.hpp"
 
 namespace streamalloc {
 
@@ -85,6 +87,9 @@ class DeviceCache {
   PoolRestore restore_pool(const PoolCheckpoint& checkpoint);
   bool pool_live_blocks_are(PoolId pool, const std::vector<const void*>& expected) const;
 
+  // Allocation history (streamalloc/trace.hpp): events go to `sink` from now on; nullptr stops them.
+  void set_trace_sink(TraceSink* sink);
+
  private:
   using Lock = std::unique_lock<std::mutex>;
 
@@ -113,7 +118,7 @@ class DeviceCache {
   Block* reserve_segment(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream);
   Block* take(Block* block, std::size_t size, std::size_t requested, Stream stream);
   Block* hand_out(Block* block, std::size_t requested, Stream stream);  // mark allocated, account
-  [[noreturn]] void throw_larger_than_device(std::size_t requested);
+  [[noreturn]] void throw_larger_than_device(std::size_t requested, Stream stream);
   [[noreturn]] void throw_out_of_memory(std::size_t requested, std::size_t size, Stream stream);
 
   // ---- free path (device_cache_free.cpp)
@@ -222,6 +227,8 @@ class DeviceCache {
   static constexpr std::chrono::microseconds kFenceBatchWindow{20};
   Clock::time_point last_fence_pass_{};
   Clock::time_point last_pending_poll_{};  // coarse clock: the allocation path's poll of pending blocks
+  // The allocation history's sink, null while it is off: each event site tests it, like aids_.
+  TraceSink* trace_ = nullptr;
   // Last: the debugging aids, out of the way of the fields the hot path reads. Null when all are off.
   std::unique_ptr<DebugAids> aids_;
 };

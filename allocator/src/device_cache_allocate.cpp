@@ -49,7 +49,7 @@ std::string out_of_memory_head(const std::string& backend, int device, std::size
 void* DeviceCache::allocate(std::size_t requested, Stream stream) {
   Lock lock(mutex_);
   note_device_total();
-  if (requested > kMaxRequest || requested > device_total_) throw_larger_than_device(requested);
+  if (requested > kMaxRequest || requested > device_total_) throw_larger_than_device(requested, stream);
   StreamState& own = stream_state(stream);  // first sight of a stream checks that it belongs to this device
   MemoryPool& pool = pool_for(stream);
   const std::size_t size = size_policy::round_size(requested, options_);
@@ -141,6 +141,7 @@ Block* DeviceCache::reserve_segment(MemoryPool& pool, PoolKind kind, std::size_t
   if (segments_.reserved_bytes() + segment_size > memory_cap()) return nullptr;
   Segment* segment = segments_.reserve(kind, &pool, segment_size, stream);
   if (segment == nullptr) return nullptr;
+  if (trace_ != nullptr) trace_events::segment(*trace_, TraceAction::kSegmentAlloc, device_, *segment);
   ++pool.segments;
   ++stats_.num_device_alloc;
   stat_increase(&DeviceStats::segment, kind, 1);
@@ -177,10 +178,11 @@ Block* DeviceCache::hand_out(Block* block, std::size_t requested, Stream stream)
   stat_increase(&DeviceStats::active_bytes, pool, static_cast<std::int64_t>(block->size));
   if (size_policy::is_oversize(block->size, options_)) stats_.oversize_allocations.increase(1);
   if (aids_ != nullptr) aids_->on_allocate(*block);
+  if (trace_ != nullptr) trace_events::alloc(*trace_, device_, *block);
   return block;
 }
 
-void DeviceCache::throw_larger_than_device(std::size_t requested) {
+void DeviceCache::throw_larger_than_device(std::size_t requested, Stream stream) {
   std::string msg;
   if (requested > kMaxRequest) {
     // PyTorch's words for a size no device has; like PyTorch, not counted in num_ooms.
@@ -197,6 +199,7 @@ void DeviceCache::throw_larger_than_device(std::size_t requested) {
         " streamalloc ({}): the request of {} bytes is larger than the device's total memory of {}; nothing was "
         "flushed. Check the size computation of this tensor.",
         backend_.name(), requested, format_size(device_total_));
+    if (trace_ != nullptr) trace_events::out_of_memory(*trace_, device_, backend_.memory_info(device_).free_bytes, size, stream, pool_for(stream).id);
   }
   if (aids_ != nullptr) aids_->on_out_of_memory(msg);
   throw Error(ErrorCode::kOutOfMemory, msg);
@@ -235,6 +238,7 @@ void DeviceCache::throw_out_of_memory(std::size_t requested, std::size_t size, S
                          format_size(static_cast<std::size_t>(holders[i].first)));
     }
   }
+  if (trace_ != nullptr) trace_events::out_of_memory(*trace_, device_, info.free_bytes, size, stream, pool_for(stream).id);
   msg += " What to do: free tensors you no longer need, lower the batch size, or, if reserved but unallocated "
          "memory is large, set STREAMALLOC_CONF=max_split_size_mb:N to reduce fragmentation.";
   if (aids_ != nullptr) aids_->on_out_of_memory(msg);

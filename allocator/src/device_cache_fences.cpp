@@ -80,6 +80,7 @@ void DeviceCache::release_pending(Block* block) {
 void DeviceCache::finish_fence(StreamState& state, Fence& fence) {
   for (Block* block : fence.pending) {
     state.fences.note_pending_released(block);
+    if (trace_ != nullptr && block->fences_left == 1) trace_events::fenced_free_completed(*trace_, device_, *block, state.stream(), &fence);
     if (--block->fences_left == 0) release_pending(block);
   }
   if (aids_ != nullptr && !fence.pending.empty()) {

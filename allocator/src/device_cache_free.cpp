@@ -47,6 +47,7 @@ void DeviceCache::free_live(Block* block) {
   stat_decrease(&DeviceStats::requested_bytes, pool, static_cast<std::int64_t>(block->requested));
   if (size_policy::is_oversize(block->size, options_)) stats_.oversize_allocations.decrease(1);
   if (aids_ != nullptr) aids_->on_free(*block);
+  if (trace_ != nullptr) trace_events::free_requested(*trace_, device_, *block);
   block->requested = 0;
   if (block->recorded_streams.empty()) {
     block->since = coarse_now();
@@ -78,6 +79,7 @@ bool DeviceCache::record_stream(void* ptr, Stream stream) {
   }
   add_use(block, stream, NewUse::kRecordStream);
   ++block->record_stream_calls;
+  if (trace_ != nullptr) trace_events::record_stream(*trace_, device_, *block, stream);
   return true;
 }
 
@@ -124,7 +126,10 @@ void DeviceCache::drop_ended_capture_uses() {
     }
     it = streams.empty() ? capture_uses_.erase(it) : std::next(it);
   }
-  for (Block* block : released) release_pending(block);
+  for (Block* block : released) {
+    if (trace_ != nullptr) trace_events::fenced_free_completed(*trace_, device_, *block, 0, nullptr);
+    release_pending(block);
+  }
 }
 
 // No other uses: stream order makes the block safe for its allocation stream at once. It joins that

@@ -28,6 +28,7 @@ std::size_t DeviceCache::release_free_segments(std::size_t target_bytes, const M
     --owner->segments;
     const PoolKind pool = segment->pool;
     const std::size_t size = segment->size;
+    if (trace_ != nullptr) trace_events::segment(*trace_, TraceAction::kSegmentFree, device_, *segment);
     segments_.release(segment);
     ++stats_.num_device_free;
     released += size;

@@ -29,6 +29,7 @@ BlockInfo DeviceCache::describe(const Block* block, Clock::time_point now) const
 
 std::vector<SegmentInfo> DeviceCache::segments() const {
   Lock lock(mutex_);
+  if (trace_ != nullptr) trace_events::snapshot(*trace_, device_, static_cast<std::size_t>(stats_.active_bytes[0].current));
   const auto now = Clock::now();
   std::vector<SegmentInfo> out;
   out.reserve(segments_.count());

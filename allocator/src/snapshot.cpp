@@ -34,6 +34,26 @@ nlohmann::json block_json(const BlockInfo& b) {
   };
 }
 
+// PyTorch's trace entry keys, plus streamalloc's stream facts where the entry has them.
+nlohmann::json trace_json(const TraceEntry& e) {
+  nlohmann::json entry = {
+      {"action", to_string(e.action)},
+      {e.action == TraceAction::kOom ? "device_free" : "addr", e.address},
+      {"size", e.size},
+      {"stream", e.stream},
+      {"time_us", e.time_us},
+      {"pool_id", nlohmann::json::array({e.pool.first, e.pool.second})},
+      {"frames", nlohmann::json::array()},
+  };
+  if (!e.pending_streams.empty()) entry["pending_streams"] = e.pending_streams;
+  if (e.fenced) {
+    entry["fence_stream"] = e.fence_stream;
+    entry["fence_recorded_us"] = e.fence_recorded_us;
+    entry["held_us"] = e.held_us;
+  }
+  return entry;
+}
+
 }  // namespace
 
 std::string Allocator::snapshot_json() const {
@@ -57,7 +77,11 @@ std::string Allocator::snapshot_json() const {
     });
   }
   nlohmann::json traces = nlohmann::json::array();
-  for (int d = 0; d < device_count(); ++d) traces.push_back(nlohmann::json::array());
+  for (int d = 0; d < device_count(); ++d) {
+    nlohmann::json trace = nlohmann::json::array();
+    for (const TraceEntry& e : history(d)) trace.push_back(trace_json(e));
+    traces.push_back(std::move(trace));
+  }
   nlohmann::json snapshot = {
       {"segments", segments},
       {"device_traces", traces},

@@ -4,11 +4,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_set>
 #include <utility>
 #include <vector>
 
+#include <c10/core/Allocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
@@ -85,9 +87,14 @@ streamalloc::Allocator& TorchAllocator::core_or_create() {
 
 // ---- the hot path ----
 
+// With the history on, the calling thread's stack is gathered here, before the core takes its lock
+// (gathering a Python stack needs the GIL, which a thread waiting for that lock may hold). The OOM
+// entry is recorded inside the core, before throw_out_of_memory tells the observers, as PyTorch's.
 void* TorchAllocator::allocate_on(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
   streamalloc::Allocator& core = core_or_create();
-  return torch_errors([&] {
+  std::optional<TraceContextScope> context;
+  if (history_.enabled()) context.emplace(history_.context_for(RecordContext::STATE));
+  void* ptr = torch_errors([&] {
     try {
       return core.allocate(size, device, to_stream(stream));
     } catch (const Error& error) {
@@ -96,6 +103,31 @@ void* TorchAllocator::allocate_on(size_t size, c10::DeviceIndex device, cudaStre
       throw;
     }
   });
+  // As PyTorch's allocator: one test of the profiler's thread-local state when it is off.
+  if (c10::memoryProfilingEnabled()) report_to_profiler(core, ptr, static_cast<std::int64_t>(size), device);
+  return ptr;
+}
+
+void TorchAllocator::free_block(streamalloc::Allocator& core, void* ptr) {
+  std::optional<TraceContextScope> context;
+  if (history_.enabled()) context.emplace(history_.context_for(RecordContext::ALL));
+  if (!c10::memoryProfilingEnabled()) {
+    core.deallocate(ptr);
+    return;
+  }
+  const std::int64_t size = static_cast<std::int64_t>(core.requested_size_of(ptr));
+  const int device = core.device_of(ptr);
+  core.deallocate(ptr);
+  if (device >= 0) report_to_profiler(core, ptr, -size, device);
+}
+
+// The bytes are the requested sizes, at allocation and at free alike, so that the profiler's running
+// sum of them returns to zero.
+void TorchAllocator::report_to_profiler(streamalloc::Allocator& core, void* ptr, std::int64_t bytes, int device) {
+  const DeviceStats stats = core.stats(device);
+  c10::reportMemoryUsageToProfiler(ptr, bytes, static_cast<std::size_t>(stats.allocated_bytes[0].current),
+                                   static_cast<std::size_t>(stats.reserved_bytes[0].current),
+                                   c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
 }
 
 c10::DataPtr TorchAllocator::allocate(size_t size) {
@@ -119,7 +151,7 @@ void TorchAllocator::raw_delete(void* ptr) {
   if (ptr == nullptr) return;
   streamalloc::Allocator* core = this->core();
   TORCH_CHECK(core != nullptr, "streamalloc: raw_delete of a pointer streamalloc never handed out");
-  torch_errors([&] { core->deallocate(ptr); });
+  torch_errors([&] { free_block(*core, ptr); });
 }
 
 // A deleter runs inside destructors, so it must not throw: a rejected free (which changes nothing in
@@ -133,7 +165,7 @@ void TorchAllocator::delete_block(void* ptr) {
     return;
   }
   try {
-    core->deallocate(ptr);
+    self->free_block(*core, ptr);
   } catch (const std::exception& error) {
     TORCH_WARN("streamalloc: could not free a tensor's memory: ", error.what());
   }
@@ -196,6 +228,8 @@ void TorchAllocator::emptyCache(MempoolId mempool_id) {
   streamalloc::Allocator* core = this->core();
   if (core == nullptr) return;
   const PoolId pool = to_pool(mempool_id);
+  std::optional<TraceContextScope> context;  // segment_free entries carry it, as PyTorch's
+  if (history_.enabled()) context.emplace(history_.context_for(RecordContext::ALL));
   torch_errors([&] {
     if (pool.is_default()) {
       core->empty_cache();
@@ -254,7 +288,7 @@ void TorchAllocator::resetPeakStats(c10::DeviceIndex device) {
 
 // As PyTorch's own allocator: the default id asks for every segment, private pools' included; a pool's
 // id for that pool's segments only (none for a pool that does not exist).
-c10::cuda::CUDACachingAllocator::SnapshotInfo TorchAllocator::snapshot(MempoolId mempool_id, bool) {
+c10::cuda::CUDACachingAllocator::SnapshotInfo TorchAllocator::snapshot(MempoolId mempool_id, bool include_traces) {
   const streamalloc::Allocator* core = this->core();
   if (core == nullptr) return to_torch_snapshot({}, 0, options_);
   std::vector<SegmentInfo> segments = core->segments(-1);
@@ -264,17 +298,30 @@ c10::cuda::CUDACachingAllocator::SnapshotInfo TorchAllocator::snapshot(MempoolId
                                   [&](const SegmentInfo& segment) { return segment.pool != pool; }),
                    segments.end());
   }
-  return to_torch_snapshot(segments, core->device_count(), core->options());
+  std::vector<LiveContexts> contexts;
+  for (int d = 0; d < core->device_count(); ++d) contexts.push_back(core->live_contexts(d));
+  auto out = to_torch_snapshot(segments, core->device_count(), core->options(), &contexts);
+  if (include_traces) {
+    const bool with_stacks = history_.trace_stacks();
+    for (int d = 0; d < core->device_count(); ++d) {
+      out.device_traces[static_cast<std::size_t>(d)] = to_torch_trace(core->history(d), with_stacks);
+    }
+  }
+  return out;
 }
 
-void TorchAllocator::recordHistory(bool enabled, c10::cuda::CUDACachingAllocator::CreateContextFn, size_t,
-                                   c10::cuda::CUDACachingAllocator::RecordContext, bool,
-                                   const std::vector<std::string>&) {
-  TORCH_CHECK(!enabled,
-              "streamalloc does not record allocation history (torch.cuda.memory._record_memory_history). "
-              "Its snapshot carries each block's streams, pending fences and age instead "
-              "(torch.cuda.memory._snapshot() or streamalloc.snapshot()); for an event log run with "
-              "STREAMALLOC_CONF=audit:trace.");
+// PyTorch's semantics (c10/cuda/CUDACachingAllocator.cpp): `when` decides which calls gather a stack
+// (STATE and up at allocation, ALL at a free too), `alloc_trace_max_entries` bounds the ring, turning
+// the history off or `clear_history` drops it, and `skip_actions` leaves actions out of the trace.
+void TorchAllocator::recordHistory(bool enabled, c10::cuda::CUDACachingAllocator::CreateContextFn context_recorder,
+                                   size_t alloc_trace_max_entries,
+                                   c10::cuda::CUDACachingAllocator::RecordContext when, bool clear_history,
+                                   const std::vector<std::string>& skip_actions) {
+  streamalloc::Allocator& core = core_or_create();
+  torch_errors([&] {
+    history_.configure(core, enabled, std::move(context_recorder), alloc_trace_max_entries, when, clear_history,
+                       skip_actions);
+  });
 }
 
 void TorchAllocator::attachOutOfMemoryObserver(c10::cuda::CUDACachingAllocator::OutOfMemoryObserver observer) {

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -26,6 +27,7 @@
 
 #include "streamalloc/allocator.hpp"
 #include "streamalloc/options.hpp"
+#include "torch_history.hpp"
 
 namespace streamalloc::torch {
 
@@ -70,7 +72,9 @@ class TorchAllocator final : public ::torch::cuda::CUDAPluggableAllocator::CUDAP
   void recordHistory(bool enabled, c10::cuda::CUDACachingAllocator::CreateContextFn context_recorder,
                      size_t alloc_trace_max_entries, c10::cuda::CUDACachingAllocator::RecordContext when,
                      bool clear_history, const std::vector<std::string>& skip_actions) override;
-  bool isHistoryEnabled() override { return false; }
+  bool isHistoryEnabled() override { return history_.enabled(); }
+  void setUserMetadata(const std::string& metadata) override { history_.set_user_metadata(metadata); }
+  std::string getUserMetadata() override { return history_.user_metadata(); }
   void attachOutOfMemoryObserver(c10::cuda::CUDACachingAllocator::OutOfMemoryObserver observer) override;
   void attachAllocatorTraceTracker(c10::cuda::CUDACachingAllocator::AllocatorTraceTracker tracker) override;
 
@@ -107,6 +111,10 @@ class TorchAllocator final : public ::torch::cuda::CUDAPluggableAllocator::CUDAP
   void* allocate_on(size_t size, c10::DeviceIndex device, cudaStream_t stream);
   [[noreturn]] void throw_out_of_memory(const Error& error, size_t size, c10::DeviceIndex device);
   static void delete_block(void* ptr);
+  // A free with the history's context set and the profiler told; throws what the core throws.
+  void free_block(streamalloc::Allocator& core, void* ptr);
+  // torch.profiler(profile_memory=True): `bytes` (negative for a free) and the device's totals after it.
+  static void report_to_profiler(streamalloc::Allocator& core, void* ptr, std::int64_t bytes, int device);
 
   const Options options_;
   std::atomic<streamalloc::Allocator*> core_{nullptr};
@@ -114,6 +122,7 @@ class TorchAllocator final : public ::torch::cuda::CUDAPluggableAllocator::CUDAP
   std::mutex create_mutex_;
   std::mutex observers_mutex_;
   std::vector<c10::cuda::CUDACachingAllocator::OutOfMemoryObserver> oom_observers_;
+  TorchHistory history_;  // torch.cuda.memory._record_memory_history's settings
 };
 
 }  // namespace streamalloc::torch

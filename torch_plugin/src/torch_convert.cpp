@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "torch_history.hpp"
+
 namespace streamalloc::torch {
 namespace {
 
@@ -49,10 +51,15 @@ c10::CachingDeviceAllocator::DeviceStats to_torch_stats(const DeviceStats& stats
 }
 
 c10::cuda::CUDACachingAllocator::SnapshotInfo to_torch_snapshot(const std::vector<SegmentInfo>& segments,
-                                                               int device_count, const Options& options) {
+                                                               int device_count, const Options& options,
+                                                               const std::vector<LiveContexts>* contexts) {
   c10::cuda::CUDACachingAllocator::SnapshotInfo out{};
   out.segments.reserve(segments.size());
   for (const SegmentInfo& segment : segments) {
+    const LiveContexts* live = contexts != nullptr && segment.device >= 0 &&
+                                       static_cast<std::size_t>(segment.device) < contexts->size()
+                                   ? &(*contexts)[static_cast<std::size_t>(segment.device)]
+                                   : nullptr;
     c10::CachingDeviceAllocator::SegmentInfo s;
     s.device = static_cast<c10::DeviceIndex>(segment.device);
     s.address = segment.address;
@@ -65,6 +72,10 @@ c10::cuda::CUDACachingAllocator::SnapshotInfo to_torch_snapshot(const std::vecto
     // PyTorch's snapshot calls it segment_pool_id; cudagraph trees find their pool's blocks by it.
     s.owner_private_pool_id = {static_cast<c10::CaptureId_t>(segment.pool.first),
                                static_cast<c10::CaptureId_t>(segment.pool.second)};
+    if (live != nullptr) {
+      auto found = live->segments.find(segment.address);
+      if (found != live->segments.end()) s.context_when_allocated = stack_of(found->second);
+    }
     s.blocks.reserve(segment.blocks.size());
     // PyTorch derives each block's address from the segment's address and the sizes before it, so
     // the blocks must cover the segment in address order, as Allocator::segments() lists them.
@@ -74,6 +85,10 @@ c10::cuda::CUDACachingAllocator::SnapshotInfo to_torch_snapshot(const std::vecto
       b.requested_size = block.requested_size;
       b.allocated = block.state == BlockInfo::State::kAllocated;
       b.active = block.state != BlockInfo::State::kFree;  // pending free: "active_pending_free"
+      if (live != nullptr && b.allocated) {
+        auto found = live->blocks.find(block.address);
+        if (found != live->blocks.end()) b.context_when_allocated = stack_of(found->second);
+      }
       s.blocks.push_back(std::move(b));
     }
     out.segments.push_back(std::move(s));

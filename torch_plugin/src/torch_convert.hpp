@@ -10,14 +10,17 @@
 #include "streamalloc/allocator.hpp"
 #include "streamalloc/options.hpp"
 #include "streamalloc/stats.hpp"
+#include "streamalloc/trace.hpp"
 
 namespace streamalloc::torch {
 
 c10::CachingDeviceAllocator::DeviceStats to_torch_stats(const DeviceStats& stats);
 
-// Segments as Allocator::segments() lists them (each with the id of its pool); one empty trace list
-// per device, since streamalloc records no allocation history.
+// Segments as Allocator::segments() lists them (each with the id of its pool), their blocks' and their
+// own context_when_allocated from `contexts` (one per device; none when null); one empty trace list per
+// device, which the history fills (torch_history.hpp).
 c10::cuda::CUDACachingAllocator::SnapshotInfo to_torch_snapshot(const std::vector<SegmentInfo>& segments,
-                                                               int device_count, const Options& options);
+                                                               int device_count, const Options& options,
+                                                               const std::vector<LiveContexts>* contexts = nullptr);
 
 }  // namespace streamalloc::torch

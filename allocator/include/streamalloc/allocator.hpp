@@ -21,6 +21,7 @@
 #include "streamalloc/options.hpp"
 #include "streamalloc/pools.hpp"
 #include "streamalloc/stats.hpp"
+#include "streamalloc/trace.hpp"
 #include "streamalloc/types.hpp"
 
 namespace streamalloc {
@@ -103,6 +104,18 @@ class Allocator {
   // The last changes of pending bytes per stream (option pending_history:N; empty when 0).
   PendingHistory pending_history(int device) const;
   std::string pending_history_json(int device) const;
+  // ---- allocation history (streamalloc/trace.hpp; docs/design.md, "Allocation history") ----
+  // Turn the history of every device on or off. On: events are kept in a ring of the newest
+  // `max_entries` per device (0 keeps one); `clear` drops what was kept. Off: nothing is recorded and
+  // what was kept is dropped, as PyTorch's recordHistory(false) does.
+  void record_history(bool enabled, std::size_t max_entries, bool clear = false);
+  void record_history(const HistorySettings& settings);
+  bool history_enabled() const;
+  std::vector<TraceEntry> history(int device) const;  // oldest first; empty while off
+  // The contexts (TraceContextScope) that live blocks and segments were allocated under while the
+  // history was on, by address.
+  LiveContexts live_contexts(int device) const;
+
   // Check every invariant of docs/design.md ("Invariants"); throws std::logic_error naming the first
   // one broken. Expensive: for tests and debugging.
   void validate() const;

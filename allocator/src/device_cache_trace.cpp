@@ -1,0 +1,12 @@
+// DeviceCache: the allocation history's sink (streamalloc/trace.hpp). The events themselves are sent
+// from their sites in the other device_cache_*.cpp files, each behind one test of trace_.
+#include "device_cache.hpp"
+
+namespace streamalloc {
+
+void DeviceCache::set_trace_sink(TraceSink* sink) {
+  Lock lock(mutex_);
+  trace_ = sink;
+}
+
+}  // namespace streamalloc

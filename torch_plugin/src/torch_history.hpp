@@ -1,0 +1,79 @@
+// The allocation history for PyTorch (torch.cuda.memory._record_memory_history): what to gather on the
+// calling thread before a call into the core, and the translation of the core's trace entries into
+// c10's TraceEntry for _snapshot()'s device_traces (docs/pytorch.md, "Allocation history").
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <c10/cuda/CUDACachingAllocator.h>
+
+#include "streamalloc/allocator.hpp"
+#include "streamalloc/trace.hpp"
+
+namespace streamalloc::torch {
+
+using RecordContext = c10::cuda::CUDACachingAllocator::RecordContext;
+
+// What PyTorch knows about a call: its stack (the context recorder's), and the user's metadata
+// (torch.cuda.memory._set_memory_metadata) at the time of the call.
+struct TorchTraceContext final : TraceContext {
+  std::shared_ptr<c10::GatheredContext> stack;
+  std::string user_metadata;
+};
+
+// PyTorch's side of the history settings: whether and what to gather, and the user's metadata.
+class TorchHistory {
+ public:
+  // recordHistory's arguments as PyTorch passes them; applies them to `core`. Refuses (c10::Error,
+  // nothing changed) a `when` other than NEVER without a recorder, and an unknown skip action.
+  void configure(streamalloc::Allocator& core, bool enabled,
+                 c10::cuda::CUDACachingAllocator::CreateContextFn context_recorder, std::size_t max_entries,
+                 RecordContext when, bool clear, const std::vector<std::string>& skip_actions);
+  bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
+
+  // The context of a call that needs `level` to gather its stack (STATE at allocation, ALL at a free),
+  // or nullptr when there is nothing to record. Gathers before the core takes its lock. Inline: with
+  // the history off it is one load and one test.
+  std::shared_ptr<const TorchTraceContext> context_for(RecordContext level) {
+    if (!enabled_.load(std::memory_order_relaxed)) return nullptr;
+    return gather(level);
+  }
+
+  // Whether trace entries show stacks (context "alloc" and "all").
+  bool trace_stacks() const;
+  void set_user_metadata(const std::string& metadata);
+  std::string user_metadata() const;
+
+ private:
+  std::shared_ptr<const TorchTraceContext> gather(RecordContext level);
+
+  std::atomic<bool> enabled_{false};
+  mutable std::mutex mutex_;
+  RecordContext when_ = RecordContext::NEVER;
+  bool trace_stacks_ = false;
+  c10::cuda::CUDACachingAllocator::CreateContextFn recorder_ = nullptr;
+  std::string user_metadata_;
+};
+
+// The action name PyTorch's skip_actions uses for `action`, parsed back; nullopt for an unknown name.
+std::optional<TraceAction> trace_action_named(const std::string& name);
+
+// The core's entries of one device as c10 TraceEntries: contexts and user metadata from the
+// TorchTraceContext, streamalloc's stream facts appended to user_metadata_. record_stream entries
+// (no PyTorch action) are left out: their stream shows in the free_requested that follows.
+// `with_stacks`: keep the stacks (PyTorch's context "alloc" and "all"; with "state" only blocks show them).
+std::vector<c10::CachingDeviceAllocator::TraceEntry> to_torch_trace(const std::vector<TraceEntry>& entries,
+                                                                    bool with_stacks);
+
+// The stream facts of an entry as the text memory_viz shows with it ("" when it has none).
+std::string stream_facts(const TraceEntry& entry);
+
+// The stack of a context the core kept (LiveContexts), or nullptr.
+std::shared_ptr<c10::GatheredContext> stack_of(const TraceContextPtr& context);
+
+}  // namespace streamalloc::torch
