@@ -1,6 +1,6 @@
 // The device seam: the only way the allocator touches a device.
 //
-// Two implementations: CudaBackend (CUDA runtime; the only file that includes CUDA headers) and
+// Two implementations: CudaBackend (CUDA runtime and driver; the only file that includes CUDA headers) and
 // SimBackend (a simulated device for CPU-only tests, the demo and trace replay). Everything above this
 // seam is plain C++ and is tested on the simulated device.
 //
