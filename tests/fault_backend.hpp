@@ -1,7 +1,7 @@
 // FaultBackend: a Backend wrapper that fails chosen calls, for fault-injection tests. Every call is
 // forwarded to the wrapped backend unless it is the one chosen to fail, which throws
-// Error(kBackend, "injected ...") as a real device error would (reserve can also refuse, returning
-// nullptr, as a full device does).
+// Error(kBackend, "injected ...") as a real device error would. refuse_maps() makes map_pages return
+// false instead, as a full device does.
 #pragma once
 
 #include <map>
@@ -15,12 +15,17 @@ namespace streamalloc::testing {
 class FaultBackend final : public Backend {
  public:
   enum class Op { kReserve, kCreateEvent, kRecordEvent, kQueryEvent, kQueryStream, kSynchronizeEvent, kStreamWait, kMemset };
+  // The virtual-memory calls, apart: workloads that enumerate Op need not know them.
+  enum class VmOp { kReserveAddressRange, kMapPages, kUnmapPages, kReleaseAddressRange };
 
   explicit FaultBackend(std::shared_ptr<Backend> inner) : inner_(std::move(inner)) {}
 
   // Fail the `nth` next call of `op` (1 = the next one).
   void fail(Op op, int nth = 1) { countdown_[op] = nth; }
-  int injected() const { return injected_; }
+  void fail(VmOp op, int nth = 1) { vm_countdown_[op] = nth; }
+  // The next `count` map_pages calls return false without reaching the wrapped backend.
+  void refuse_maps(int count) { maps_to_refuse_ = count; }
+  int injected() const { return injected_; }  // COUNT of failures thrown and maps refused
 
   std::string name() const override { return inner_->name(); }
   int device_count() const override { return inner_->device_count(); }
@@ -61,18 +66,45 @@ class FaultBackend final : public Backend {
   }
   DeviceMemoryInfo memory_info(int device) override { return inner_->memory_info(device); }
   int stream_device(Stream stream) override { return inner_->stream_device(stream); }
+  bool supports_virtual_memory(int device) override { return inner_->supports_virtual_memory(device); }
+  std::size_t vm_granularity(int device) override { return inner_->vm_granularity(device); }
+  void* reserve_address_range(int device, std::size_t bytes) override {
+    trip(vm_countdown_, VmOp::kReserveAddressRange, "reserve_address_range");
+    return inner_->reserve_address_range(device, bytes);
+  }
+  bool map_pages(int device, void* at, std::size_t bytes) override {
+    trip(vm_countdown_, VmOp::kMapPages, "map_pages");
+    if (maps_to_refuse_ > 0) {
+      --maps_to_refuse_;
+      ++injected_;
+      return false;
+    }
+    return inner_->map_pages(device, at, bytes);
+  }
+  void unmap_pages(int device, void* at, std::size_t bytes) override {
+    trip(vm_countdown_, VmOp::kUnmapPages, "unmap_pages");
+    inner_->unmap_pages(device, at, bytes);
+  }
+  void release_address_range(int device, void* base, std::size_t bytes) override {
+    trip(vm_countdown_, VmOp::kReleaseAddressRange, "release_address_range");
+    inner_->release_address_range(device, base, bytes);
+  }
 
  private:
-  void trip(Op op, const char* call) {
-    auto it = countdown_.find(op);
-    if (it == countdown_.end() || --it->second > 0) return;
-    countdown_.erase(it);
+  void trip(Op op, const char* call) { trip(countdown_, op, call); }
+  template <typename Key>
+  void trip(std::map<Key, int>& countdown, Key op, const char* call) {
+    auto it = countdown.find(op);
+    if (it == countdown.end() || --it->second > 0) return;
+    countdown.erase(it);
     ++injected_;
     throw Error(ErrorCode::kBackend, std::string("injected ") + call + " failure");
   }
 
   std::shared_ptr<Backend> inner_;
   std::map<Op, int> countdown_;
+  std::map<VmOp, int> vm_countdown_;
+  int maps_to_refuse_ = 0;
   int injected_ = 0;
 };
 

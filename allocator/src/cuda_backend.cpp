@@ -4,11 +4,25 @@
 // caller's device afterwards. Errors never abort: "out of memory" from cudaMalloc is an expected
 // outcome (nullptr); anything else becomes Error(kBackend) naming the call, the device and CUDA's
 // error string, after clearing the runtime's (non-sticky) error state so the next call starts clean.
+//
+// Virtual memory uses the driver API (cuMemAddressReserve, cuMemCreate, cuMemMap, ...), which the
+// runtime does not wrap. Its entry points are asked of the runtime once (cudaGetDriverEntryPoint), so
+// the library still links only the runtime and a driver without them only means "not supported", as
+// PyTorch loads the driver API lazily. Each device keeps an AddressRanges: the ranges it reserved and
+// the physical handle of every mapped page, which unmapping needs to release the memory.
 #include "streamalloc/cuda_backend.hpp"
 
+#include <cuda.h>  // driver types only: the functions come through DriverVm
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <vector>
+
+#include "address_ranges.hpp"
 
 namespace streamalloc {
 namespace {
@@ -26,13 +40,16 @@ void check(cudaError_t err, const char* call, int device) {
 // Makes `device` current for one backend call and restores the caller's device, so the backend never
 // changes which device the caller's later work goes to. cudaSetDevice is skipped when it would be a
 // no-op, as it is on the hot path of a single-GPU process.
+//
+// With `bind_context`, cudaSetDevice runs even then: it makes the device's primary context current on
+// the calling thread, which the driver API calls need and a thread that never used the runtime lacks.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device) {
+  explicit DeviceGuard(int device, bool bind_context = false) {
     check(cudaGetDevice(&previous_), "cudaGetDevice", device);
-    if (previous_ != device) {
+    if (previous_ != device || bind_context) {
       check(cudaSetDevice(device), "cudaSetDevice", device);
-      switched_ = true;
+      switched_ = previous_ != device;
     }
   }
   ~DeviceGuard() {
@@ -102,9 +119,141 @@ cudaError_t probe_device_count(int* count) {
   return err;
 }
 
+// ---- the driver's virtual-memory API ----
+
+// The driver entry points virtual memory needs. Each pointer has the ABI of its typedef; they are
+// asked for as of CUDA 12.0 (kDriverAbi), whose versions of these functions the typedefs are.
+struct DriverVm {
+  static constexpr unsigned int kDriverAbi = 12000;
+
+  PFN_cuGetErrorName_v6000 get_error_name = nullptr;
+  PFN_cuGetErrorString_v6000 get_error_string = nullptr;
+  PFN_cuDeviceGet_v2000 device_get = nullptr;
+  PFN_cuDeviceGetAttribute_v2000 device_get_attribute = nullptr;
+  PFN_cuMemGetAllocationGranularity_v10020 get_granularity = nullptr;
+  PFN_cuMemAddressReserve_v10020 address_reserve = nullptr;
+  PFN_cuMemAddressFree_v10020 address_free = nullptr;
+  PFN_cuMemCreate_v10020 create = nullptr;
+  PFN_cuMemRelease_v10020 release = nullptr;
+  PFN_cuMemMap_v10020 map = nullptr;
+  PFN_cuMemUnmap_v10020 unmap = nullptr;
+  PFN_cuMemSetAccess_v10020 set_access = nullptr;
+  std::string missing;  // the first entry point the driver did not give; empty when it gave them all
+
+  // Loaded on first use, once per process (thread-safe static initialization).
+  static const DriverVm& get() {
+    static const DriverVm driver = load();
+    return driver;
+  }
+
+ private:
+  static DriverVm load() {
+    DriverVm d;
+    d.find("cuGetErrorName", d.get_error_name);
+    d.find("cuGetErrorString", d.get_error_string);
+    d.find("cuDeviceGet", d.device_get);
+    d.find("cuDeviceGetAttribute", d.device_get_attribute);
+    d.find("cuMemGetAllocationGranularity", d.get_granularity);
+    d.find("cuMemAddressReserve", d.address_reserve);
+    d.find("cuMemAddressFree", d.address_free);
+    d.find("cuMemCreate", d.create);
+    d.find("cuMemRelease", d.release);
+    d.find("cuMemMap", d.map);
+    d.find("cuMemUnmap", d.unmap);
+    d.find("cuMemSetAccess", d.set_access);
+    return d;
+  }
+
+  template <typename Fn>
+  void find(const char* symbol, Fn& fn) {
+    void* address = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    const cudaError_t err = cudaGetDriverEntryPointByVersion(symbol, &address, kDriverAbi, cudaEnableDefault, &found);
+#else
+    const cudaError_t err = cudaGetDriverEntryPoint(symbol, &address, cudaEnableDefault, &found);
+#endif
+    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || address == nullptr) {
+      (void)cudaGetLastError();
+      if (missing.empty()) missing = symbol;
+      return;
+    }
+    fn = reinterpret_cast<Fn>(address);
+  }
+};
+
+[[noreturn]] void throw_driver_error(CUresult result, const char* call, int device) {
+  const DriverVm& driver = DriverVm::get();
+  const char* text = nullptr;
+  const char* name = nullptr;
+  if (driver.get_error_string == nullptr || driver.get_error_string(result, &text) != CUDA_SUCCESS) text = nullptr;
+  if (driver.get_error_name == nullptr || driver.get_error_name(result, &name) != CUDA_SUCCESS) name = nullptr;
+  throw Error(ErrorCode::kBackend, std::string(call) + " failed on device " + std::to_string(device) + ": " +
+                                       (text != nullptr ? text : "unknown driver error") + " (" +
+                                       (name != nullptr ? name : "CUresult " + std::to_string(static_cast<int>(result))) + ")");
+}
+
+void check_driver(CUresult result, const char* call, int device) {
+  if (result != CUDA_SUCCESS) throw_driver_error(result, call, device);
+}
+
+// Physical memory of one device, not shareable with other processes (no IPC handle types).
+CUmemAllocationProp device_memory(CUdevice device) {
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  return prop;
+}
+
+// The pages one map_pages call has created and mapped so far. Unless committed, its destructor unmaps
+// and releases them, so a call that fails part way (out of memory, or an error) leaves nothing behind.
+class PagesInFlight {
+ public:
+  PagesInFlight(const DriverVm& driver, CUdeviceptr base, std::size_t page_bytes)
+      : driver_(driver), base_(base), page_bytes_(page_bytes) {}
+  ~PagesInFlight() {
+    if (committed_) return;
+    // Undoing our own fresh mappings; a failure here has nothing better to do than go on.
+    for (std::size_t i = 0; i < mapped_; ++i) (void)driver_.unmap(base_ + i * page_bytes_, page_bytes_);
+    for (CUmemGenericAllocationHandle handle : handles_) (void)driver_.release(handle);
+  }
+  PagesInFlight(const PagesInFlight&) = delete;
+  PagesInFlight& operator=(const PagesInFlight&) = delete;
+
+  void created(CUmemGenericAllocationHandle handle) { handles_.push_back(handle); }
+  void mapped() { ++mapped_; }
+  const std::vector<CUmemGenericAllocationHandle>& handles() const { return handles_; }
+  void commit() { committed_ = true; }
+
+ private:
+  const DriverVm& driver_;
+  CUdeviceptr base_;
+  std::size_t page_bytes_;
+  std::vector<CUmemGenericAllocationHandle> handles_;  // one per page, in address order
+  std::size_t mapped_ = 0;                             // the first `mapped_` of them are mapped
+  bool committed_ = false;
+};
+
+// One device's virtual memory: whether it has it, and its ranges and mapped pages.
+struct DeviceVm {
+  std::mutex mutex;  // every VM call of the device, driver calls included
+  bool probed = false;
+  bool supported = false;
+  CUdevice cu_device = 0;
+  std::optional<AddressRanges> ranges;  // with the device's granularity, once probed and supported
+};
+
+std::string vm_call(const char* call, int device, const void* ptr, std::size_t bytes) {
+  std::string text = std::string("CudaBackend::") + call + "(device " + std::to_string(device) + ", ";
+  if (ptr != nullptr) text += AddressRanges::hex(reinterpret_cast<std::uintptr_t>(ptr)) + ", ";
+  return text + std::to_string(bytes) + " bytes)";
+}
+
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device_count) : device_count_(device_count) {}
+  explicit CudaBackend(int device_count)
+      : device_count_(device_count), vm_(std::make_unique<DeviceVm[]>(static_cast<std::size_t>(device_count))) {}
 
   std::string name() const override { return "cuda"; }
   int device_count() const override { return device_count_; }
@@ -215,8 +364,146 @@ class CudaBackend final : public Backend {
     return device;
   }
 
+  bool supports_virtual_memory(int device) override {
+    DeviceVm& vm = vm_of(device, "supports_virtual_memory");
+    std::lock_guard<std::mutex> lock(vm.mutex);
+    probe(vm, device);
+    return vm.supported;
+  }
+
+  std::size_t vm_granularity(int device) override {
+    DeviceVm& vm = vm_of(device, "vm_granularity");
+    std::lock_guard<std::mutex> lock(vm.mutex);
+    return ranges_of(vm, device, "vm_granularity").page_bytes();
+  }
+
+  void* reserve_address_range(int device, std::size_t bytes) override {
+    DeviceVm& vm = vm_of(device, "reserve_address_range");
+    std::lock_guard<std::mutex> lock(vm.mutex);
+    AddressRanges& ranges = ranges_of(vm, device, "reserve_address_range");
+    ranges.check_size(bytes, vm_call("reserve_address_range", device, nullptr, bytes));
+    DeviceGuard guard(device, true);
+    RelaxedCaptureMode relaxed;  // no stream work: safe during a capture, as reserve() is
+    CUdeviceptr base = 0;
+    const CUresult result = DriverVm::get().address_reserve(&base, bytes, ranges.page_bytes(), 0, 0);
+    if (result == CUDA_ERROR_OUT_OF_MEMORY) return nullptr;  // no address space that large: expected
+    check_driver(result, "cuMemAddressReserve", device);
+    ranges.add_range(base, bytes);
+    return reinterpret_cast<void*>(base);
+  }
+
+  bool map_pages(int device, void* at, std::size_t bytes) override {
+    DeviceVm& vm = vm_of(device, "map_pages");
+    std::lock_guard<std::mutex> lock(vm.mutex);
+    AddressRanges& ranges = ranges_of(vm, device, "map_pages");
+    const auto base = reinterpret_cast<CUdeviceptr>(at);
+    ranges.check_map(base, bytes, vm_call("map_pages", device, at, bytes));
+    DeviceGuard guard(device, true);
+    RelaxedCaptureMode relaxed;  // no stream work: safe during a capture, as reserve() is
+    const DriverVm& driver = DriverVm::get();
+    const std::size_t page = ranges.page_bytes();
+    const CUmemAllocationProp prop = device_memory(vm.cu_device);
+    // One physical allocation per page, so that any page can be unmapped on its own later.
+    PagesInFlight pages(driver, base, page);
+    for (std::size_t offset = 0; offset < bytes; offset += page) {
+      CUmemGenericAllocationHandle handle = 0;
+      CUresult result = driver.create(&handle, page, &prop, 0);
+      if (result == CUDA_ERROR_OUT_OF_MEMORY) return false;  // `pages` gives back what was made
+      check_driver(result, "cuMemCreate", device);
+      pages.created(handle);
+      result = driver.map(base + offset, page, 0, handle, 0);
+      if (result == CUDA_ERROR_OUT_OF_MEMORY) return false;
+      check_driver(result, "cuMemMap", device);
+      pages.mapped();
+    }
+    CUmemAccessDesc access = {};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = vm.cu_device;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    const CUresult result = driver.set_access(base, bytes, &access, 1);
+    if (result == CUDA_ERROR_OUT_OF_MEMORY) return false;
+    check_driver(result, "cuMemSetAccess", device);
+    for (std::size_t i = 0; i < pages.handles().size(); ++i) ranges.add_page(base + i * page, pages.handles()[i]);
+    pages.commit();
+    return true;
+  }
+
+  void unmap_pages(int device, void* at, std::size_t bytes) override {
+    DeviceVm& vm = vm_of(device, "unmap_pages");
+    std::lock_guard<std::mutex> lock(vm.mutex);
+    AddressRanges& ranges = ranges_of(vm, device, "unmap_pages");
+    const auto base = reinterpret_cast<CUdeviceptr>(at);
+    ranges.check_unmap(base, bytes, vm_call("unmap_pages", device, at, bytes));
+    DeviceGuard guard(device, true);
+    // cuMemUnmap and cuMemRelease do not wait for work still using the pages (PyTorch synchronizes
+    // before them too). Waiting for the device, as cudaFree does, keeps release()'s contract: work
+    // enqueued before the call still finds its memory.
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize", device);
+    const DriverVm& driver = DriverVm::get();
+    const std::size_t page = ranges.page_bytes();
+    for (std::size_t offset = 0; offset < bytes; offset += page) {
+      const CUmemGenericAllocationHandle handle = ranges.handle(base + offset);
+      check_driver(driver.unmap(base + offset, page), "cuMemUnmap", device);
+      ranges.remove_page(base + offset);
+      check_driver(driver.release(handle), "cuMemRelease", device);
+    }
+  }
+
+  void release_address_range(int device, void* base, std::size_t bytes) override {
+    DeviceVm& vm = vm_of(device, "release_address_range");
+    std::lock_guard<std::mutex> lock(vm.mutex);
+    AddressRanges& ranges = ranges_of(vm, device, "release_address_range");
+    const auto address = reinterpret_cast<CUdeviceptr>(base);
+    ranges.check_release(address, bytes, vm_call("release_address_range", device, base, bytes));
+    DeviceGuard guard(device, true);
+    RelaxedCaptureMode relaxed;  // nothing is mapped, no stream work
+    check_driver(DriverVm::get().address_free(address, bytes), "cuMemAddressFree", device);
+    ranges.remove_range(address);
+  }
+
  private:
+  DeviceVm& vm_of(int device, const char* call) {
+    if (device < 0 || device >= device_count_) {
+      throw Error(ErrorCode::kBackend, std::string("CudaBackend::") + call + ": device " + std::to_string(device) +
+                                           " does not exist (" + std::to_string(device_count_) + " visible)");
+    }
+    return vm_[static_cast<std::size_t>(device)];
+  }
+
+  // Asks the driver once whether `device` has virtual memory management, and its granularity: the
+  // minimum for pinned device memory, 2 MiB on current GPUs. Called with vm.mutex held; a failed probe
+  // throws and is tried again by the next call.
+  void probe(DeviceVm& vm, int device) {
+    if (vm.probed) return;
+    const DriverVm& driver = DriverVm::get();
+    if (driver.missing.empty()) {
+      DeviceGuard guard(device, true);
+      check_driver(driver.device_get(&vm.cu_device, device), "cuDeviceGet", device);
+      int supported = 0;
+      check_driver(driver.device_get_attribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                               vm.cu_device),
+                   "cuDeviceGetAttribute(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)", device);
+      if (supported != 0) {
+        const CUmemAllocationProp prop = device_memory(vm.cu_device);
+        std::size_t granularity = 0;
+        check_driver(driver.get_granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+                     "cuMemGetAllocationGranularity", device);
+        vm.ranges.emplace(granularity);
+        vm.supported = true;
+      }
+    }
+    vm.probed = true;
+  }
+
+  // The device's ranges, or the "not supported" error when it has no virtual memory.
+  AddressRanges& ranges_of(DeviceVm& vm, int device, const char* call) {
+    probe(vm, device);
+    if (!vm.supported) unsupported(call, device);
+    return *vm.ranges;
+  }
+
   const int device_count_;  // devices are fixed for the life of a process (CUDA_VISIBLE_DEVICES)
+  std::unique_ptr<DeviceVm[]> vm_;  // per device
 };
 
 }  // namespace

@@ -16,8 +16,18 @@
 // Host waits (synchronize_event/stream/all, release, eager enqueues) may run other streams: a wait at
 // the front of a stream refers to a record enqueued before it, so the recursion over the wait graph
 // always reaches streams with runnable fronts and terminates.
+//
+// Virtual memory: each device keeps an AddressRanges (the ranges and their mapped pages) over real host
+// address space: a range is an inaccessible anonymous mapping reserved with MAP_NORESERVE, mapping
+// pages makes them readable and writable (the host commits them on first touch), and unmapping maps
+// fresh inaccessible pages over them, which drops their memory. Host memory is only a stand-in; the
+// device limit is what decides whether a map fits.
 #include "streamalloc/sim_backend.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -30,6 +40,8 @@
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "address_ranges.hpp"
 
 namespace streamalloc {
 namespace {
@@ -83,9 +95,54 @@ struct DeviceState {
   std::size_t limit = 0;
   std::size_t reserved = 0;
   std::map<std::uintptr_t, std::size_t> allocations;  // address -> bytes; ordered for range checks
+  AddressRanges ranges{2 * MiB};                       // the page size is set from the Config
+  int maps_to_refuse = 0;                              // fail_next_maps()
   StreamQueue default_stream;
   int capturing_streams = 0;
+
+  // Device memory in use: reservations and mapped pages draw on the same limit.
+  std::size_t used() const { return reserved + ranges.mapped_bytes(); }
+  bool fits(std::size_t bytes) const { return used() <= limit && bytes <= limit - used(); }
+
+  // True when [address, address + bytes) lies inside one reservation from reserve().
+  bool in_allocation(std::uintptr_t address, std::size_t bytes) const {
+    auto it = allocations.upper_bound(address);  // the first reservation above `address`
+    if (it == allocations.begin()) return false;
+    --it;
+    return bytes <= it->second && address - it->first <= it->second - bytes;
+  }
+  bool accessible(std::uintptr_t address, std::size_t bytes) const {
+    return in_allocation(address, bytes) || ranges.mapped(address, bytes == 0 ? 1 : bytes);
+  }
 };
+
+std::string vm_call(const char* call, int device, const void* ptr, std::size_t bytes) {
+  return std::string("SimBackend::") + call + "(device " + std::to_string(device) + ", " + hex(ptr) + ", " +
+         std::to_string(bytes) + " bytes)";
+}
+
+// Host address space for a range: `bytes` of inaccessible, uncommitted addresses aligned to
+// `alignment` (a multiple of the host page size). nullptr when the host has no such space.
+void* reserve_host_range(std::size_t bytes, std::size_t alignment) {
+  if (bytes > SIZE_MAX - alignment) return nullptr;
+  const std::size_t padded = bytes + alignment;
+  void* raw = mmap(nullptr, padded, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
+  const auto start = reinterpret_cast<std::uintptr_t>(raw);
+  const std::uintptr_t base = (start + alignment - 1) / alignment * alignment;
+  // Trim the padding on both sides; munmap of whole host pages of our own mapping cannot fail.
+  if (base > start) munmap(raw, base - start);
+  const std::size_t tail = start + padded - (base + bytes);
+  if (tail > 0) munmap(reinterpret_cast<void*>(base + bytes), tail);
+  return reinterpret_cast<void*>(base);
+}
+
+// Unmapping pages: fresh inaccessible pages replace them, and the host drops their memory.
+void drop_host_pages(void* at, std::size_t bytes, const std::string& call) {
+  if (mmap(at, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED) {
+    throw Error(ErrorCode::kBackend, call + ": the host could not unmap the pages (errno " + std::to_string(errno) + ")");
+  }
+}
 
 }  // namespace
 
@@ -297,10 +354,18 @@ SimBackend::SimBackend(Config config) : state_(std::make_unique<State>()) {
     throw Error(ErrorCode::kConfig, "SimBackend: device_count must be at least 1, got " +
                                         std::to_string(config.device_count));
   }
+  const auto host_page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  const std::size_t granularity = config.vm_granularity;
+  if (granularity == 0 || (granularity & (granularity - 1)) != 0 || granularity % host_page != 0) {
+    throw Error(ErrorCode::kConfig, "SimBackend: vm_granularity must be a power of two and a multiple of the host "
+                                    "page size (" + std::to_string(host_page) + " bytes), got " +
+                                        std::to_string(granularity));
+  }
   state_->config = config;
   state_->devices.resize(static_cast<std::size_t>(config.device_count));
   for (std::size_t d = 0; d < state_->devices.size(); ++d) {
     state_->devices[d].limit = config.memory_per_device;
+    state_->devices[d].ranges = AddressRanges(granularity);
     state_->devices[d].default_stream.device = static_cast<int>(d);
   }
 }
@@ -309,6 +374,9 @@ SimBackend::~SimBackend() {
   // Queued work is dropped unrun; memory the caller never released (leak tests) is freed here.
   for (DeviceState& dev : state_->devices) {
     for (const auto& [address, bytes] : dev.allocations) std::free(reinterpret_cast<void*>(address));
+    dev.ranges.for_each_range([](std::uintptr_t base, std::size_t bytes) {
+      munmap(reinterpret_cast<void*>(base), bytes);
+    });
   }
 }
 
@@ -324,7 +392,7 @@ void* SimBackend::reserve(int device, std::size_t bytes) {
                                          "): zero-byte reservation requested");
   }
   ++state_->counters.reserve_calls;
-  if (dev.reserved > dev.limit || bytes > dev.limit - dev.reserved) return nullptr;
+  if (!dev.fits(bytes)) return nullptr;
   const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   if (rounded < bytes) return nullptr;  // overflow: cannot exist
   void* ptr = std::aligned_alloc(kAlignment, rounded);
@@ -450,15 +518,17 @@ void SimBackend::memset_async(int device, void* ptr, int value, std::size_t byte
   State::Lock lock(state_->mutex);
   DeviceState& dev = state_->device(device, "memset_async");
   StreamQueue& q = state_->queue(device, stream, "memset_async");
-  // The range must lie inside one reservation, as a kernel would otherwise fault.
+  // The range must lie inside one reservation or in mapped pages of one range, as a kernel would
+  // otherwise fault.
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-  auto it = dev.allocations.upper_bound(address);  // the first reservation above `address`
-  const bool inside = it != dev.allocations.begin() && bytes <= std::prev(it)->second &&
-                      address - std::prev(it)->first <= std::prev(it)->second - bytes;
-  if (!inside) {
-    throw Error(ErrorCode::kBackend, "SimBackend::memset_async(device " + std::to_string(device) + ", " + hex(ptr) +
-                                         ", " + std::to_string(bytes) +
-                                         " bytes): range is not inside memory reserved on this device");
+  if (!dev.accessible(address, bytes)) {
+    const std::string call = "SimBackend::memset_async(device " + std::to_string(device) + ", " + hex(ptr) + ", " +
+                             std::to_string(bytes) + " bytes)";
+    if (dev.ranges.reserved(address, bytes == 0 ? 1 : bytes)) {
+      throw Error(ErrorCode::kBackend, call + ": range touches pages of a reserved address range that are not "
+                                              "mapped (a device access there faults)");
+    }
+    throw Error(ErrorCode::kBackend, call + ": range is not inside memory reserved on this device");
   }
   ++state_->counters.memsets;
   state_->enqueue_host(lock, q, [ptr, value, bytes] { std::memset(ptr, value, bytes); });
@@ -469,7 +539,7 @@ DeviceMemoryInfo SimBackend::memory_info(int device) {
   const DeviceState& dev = state_->device(device, "memory_info");
   DeviceMemoryInfo info;
   info.total_bytes = dev.limit;
-  info.free_bytes = dev.limit > dev.reserved ? dev.limit - dev.reserved : 0;
+  info.free_bytes = dev.limit > dev.used() ? dev.limit - dev.used() : 0;
   return info;
 }
 
@@ -478,6 +548,85 @@ int SimBackend::stream_device(Stream stream) {
   State::Lock lock(state_->mutex);
   auto it = state_->streams.find(stream);
   return it == state_->streams.end() ? -1 : it->second.device;
+}
+
+bool SimBackend::supports_virtual_memory(int device) {
+  State::Lock lock(state_->mutex);
+  state_->device(device, "supports_virtual_memory");
+  return state_->config.virtual_memory;
+}
+
+std::size_t SimBackend::vm_granularity(int device) {
+  State::Lock lock(state_->mutex);
+  const DeviceState& dev = state_->device(device, "vm_granularity");
+  if (!state_->config.virtual_memory) unsupported("vm_granularity", device);
+  return dev.ranges.page_bytes();
+}
+
+void* SimBackend::reserve_address_range(int device, std::size_t bytes) {
+  State::Lock lock(state_->mutex);
+  DeviceState& dev = state_->device(device, "reserve_address_range");
+  if (!state_->config.virtual_memory) unsupported("reserve_address_range", device);
+  dev.ranges.check_size(bytes, "SimBackend::reserve_address_range(device " + std::to_string(device) + ", " +
+                                   std::to_string(bytes) + " bytes)");
+  const std::size_t space = state_->config.address_space_per_device;
+  const std::size_t taken = dev.ranges.reserved_bytes();
+  if (taken > space || bytes > space - taken) return nullptr;
+  void* base = reserve_host_range(bytes, dev.ranges.page_bytes());
+  if (base == nullptr) return nullptr;  // the host's address space is exhausted: the same outcome
+  dev.ranges.add_range(reinterpret_cast<std::uintptr_t>(base), bytes);
+  ++state_->counters.address_range_reserves;
+  return base;
+}
+
+bool SimBackend::map_pages(int device, void* at, std::size_t bytes) {
+  State::Lock lock(state_->mutex);
+  DeviceState& dev = state_->device(device, "map_pages");
+  if (!state_->config.virtual_memory) unsupported("map_pages", device);
+  const auto address = reinterpret_cast<std::uintptr_t>(at);
+  const std::string call = vm_call("map_pages", device, at, bytes);
+  dev.ranges.check_map(address, bytes, call);
+  const bool refused = dev.maps_to_refuse > 0 || !dev.fits(bytes);
+  if (refused || mprotect(at, bytes, PROT_READ | PROT_WRITE) != 0) {
+    if (dev.maps_to_refuse > 0) --dev.maps_to_refuse;
+    if (!refused) drop_host_pages(at, bytes, call);  // the host ran out part way: undo the pages it changed
+    ++state_->counters.map_refusals;
+    return false;
+  }
+  for (std::size_t offset = 0; offset < bytes; offset += dev.ranges.page_bytes()) {
+    dev.ranges.add_page(address + offset, 0);
+  }
+  ++state_->counters.page_maps;
+  return true;
+}
+
+void SimBackend::unmap_pages(int device, void* at, std::size_t bytes) {
+  State::Lock lock(state_->mutex);
+  DeviceState& dev = state_->device(device, "unmap_pages");
+  if (!state_->config.virtual_memory) unsupported("unmap_pages", device);
+  state_->refuse_during_capture(device, "unmap_pages");
+  const std::string call = vm_call("unmap_pages", device, at, bytes);
+  const auto address = reinterpret_cast<std::uintptr_t>(at);
+  dev.ranges.check_unmap(address, bytes, call);
+  // As the CUDA backend does before cuMemUnmap: work queued for these pages runs before they go.
+  state_->finish_all(lock, device);
+  dev.ranges.check_unmap(address, bytes, call);  // again: another thread may have unmapped them meanwhile
+  drop_host_pages(at, bytes, call);
+  for (std::size_t offset = 0; offset < bytes; offset += dev.ranges.page_bytes()) {
+    dev.ranges.remove_page(address + offset);
+  }
+  ++state_->counters.page_unmaps;
+}
+
+void SimBackend::release_address_range(int device, void* base, std::size_t bytes) {
+  State::Lock lock(state_->mutex);
+  DeviceState& dev = state_->device(device, "release_address_range");
+  if (!state_->config.virtual_memory) unsupported("release_address_range", device);
+  const auto address = reinterpret_cast<std::uintptr_t>(base);
+  dev.ranges.check_release(address, bytes, vm_call("release_address_range", device, base, bytes));
+  munmap(base, bytes);  // whole pages of our own mapping: cannot fail
+  dev.ranges.remove_range(address);
+  ++state_->counters.address_range_releases;
 }
 
 Stream SimBackend::create_stream(int device) {
@@ -533,6 +682,46 @@ void SimBackend::set_memory_limit(int device, std::size_t bytes) {
 std::size_t SimBackend::reserved_bytes(int device) const {
   State::Lock lock(state_->mutex);
   return state_->device(device, "reserved_bytes").reserved;
+}
+
+std::size_t SimBackend::mapped_bytes(int device) const {
+  State::Lock lock(state_->mutex);
+  return state_->device(device, "mapped_bytes").ranges.mapped_bytes();
+}
+
+bool SimBackend::accessible(int device, const void* ptr, std::size_t bytes) const {
+  State::Lock lock(state_->mutex);
+  return state_->device(device, "accessible").accessible(reinterpret_cast<std::uintptr_t>(ptr), bytes);
+}
+
+void SimBackend::fail_next_maps(int device, int count) {
+  State::Lock lock(state_->mutex);
+  state_->device(device, "fail_next_maps").maps_to_refuse = count;
+}
+
+void SimBackend::validate() const {
+  State::Lock lock(state_->mutex);
+  for (std::size_t d = 0; d < state_->devices.size(); ++d) {
+    const DeviceState& dev = state_->devices[d];
+    auto fail = [d](const std::string& why) {
+      throw Error(ErrorCode::kBackend, "SimBackend::validate: device " + std::to_string(d) + ": " + why);
+    };
+    std::size_t reserved = 0;
+    for (const auto& [address, bytes] : dev.allocations) reserved += bytes;
+    if (reserved != dev.reserved) {
+      fail("reserved bytes are " + std::to_string(dev.reserved) + ", the reservations sum to " +
+           std::to_string(reserved));
+    }
+    const std::string ranges = dev.ranges.validate();
+    if (!ranges.empty()) fail(ranges);
+    dev.ranges.for_each_range([&](std::uintptr_t base, std::size_t bytes) {
+      auto it = dev.allocations.lower_bound(base);
+      if (it != dev.allocations.end() && it->first - base < bytes) fail("a reservation lies inside range " + hex(base));
+      if (it != dev.allocations.begin() && base - std::prev(it)->first < std::prev(it)->second) {
+        fail("range " + hex(base) + " starts inside a reservation");
+      }
+    });
+  }
 }
 
 SimBackend::Counters SimBackend::counters() const {

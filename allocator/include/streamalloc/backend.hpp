@@ -1,6 +1,6 @@
 // The device seam: the only way the allocator touches a device.
 //
-// Two implementations: CudaBackend (CUDA runtime; the only file that includes CUDA headers) and
+// Two implementations: CudaBackend (CUDA runtime and driver; the only file that includes CUDA headers) and
 // SimBackend (a simulated device for CPU-only tests, the demo and trace replay). Everything above this
 // seam is plain C++ and is tested on the simulated device.
 //
@@ -9,6 +9,8 @@
 //  - Device-scoped calls take the device explicitly and leave the caller's current device unchanged.
 //  - Failures other than "out of memory" are reported by throwing streamalloc::Error(kBackend, ...)
 //    with a message that names the call and the runtime's error string.
+//  - Virtual memory (the calls after memory_info) is optional: a backend without it keeps the
+//    defaults below, which say so (supports_virtual_memory() is false, the rest throw).
 #pragma once
 
 #include <cstddef>
@@ -58,11 +60,68 @@ class Backend {
   // Fill `bytes` at `ptr` with `value` in stream order on `stream` (used for poisoning).
   virtual void memset_async(int device, void* ptr, int value, std::size_t bytes, Stream stream) = 0;
 
+  // Free and total memory of the device; memory from reserve() and pages from map_pages() both count.
   virtual DeviceMemoryInfo memory_info(int device) = 0;
   // The device `stream` belongs to, or -1 when the backend cannot tell (e.g. the legacy default
   // stream, which belongs to whichever device is current, or a stream capturing a graph, which CUDA
   // will not be asked about without invalidating the capture).
   virtual int stream_device(Stream stream) = 0;
+
+  // ---- Virtual memory: address ranges with physical pages mapped into them ----
+  // The groundwork of segments that grow in place (PyTorch's expandable segments). A range of device
+  // addresses is reserved with no memory behind it; memory is then mapped into it, and unmapped from
+  // it, in pages of vm_granularity() bytes. Each page is its own physical allocation, so any whole pages
+  // of a mapping can be unmapped later, whatever map_pages() calls mapped them. Misuse (a size or
+  // address that is not whole pages, pages outside a reserved range, mapping a mapped page, unmapping
+  // an unmapped one, releasing a range with pages still mapped) throws Error(kBackend) and changes
+  // nothing. docs/design.md, "Virtual memory seam", says what the calls are for.
+
+  // True when `device` can reserve address ranges and map pages into them. The other calls below
+  // throw Error(kBackend) on a device where this is false.
+  virtual bool supports_virtual_memory(int device) {
+    (void)device;
+    return false;
+  }
+  // The page size of mapping on `device` (2 MiB on current NVIDIA GPUs): a power of two; every size
+  // and address passed to the calls below is a multiple of it.
+  virtual std::size_t vm_granularity(int device) { unsupported("vm_granularity", device); }
+  // Reserve `bytes` (a positive multiple of the granularity) of device addresses, with no memory behind
+  // them, never overlapping memory from reserve() or another range. The base is aligned to the
+  // granularity. Returns nullptr when the address space cannot be had (an expected outcome, like
+  // reserve() returning nullptr). Works while a stream captures a graph.
+  virtual void* reserve_address_range(int device, std::size_t bytes) {
+    (void)bytes;
+    unsupported("reserve_address_range", device);
+  }
+  // Create `bytes` of physical memory on `device`, map it at `at` (whole unmapped pages inside one
+  // reserved range) and give the device read/write access to it. Its contents are undefined. Returns
+  // false, with nothing created or mapped, when the device has not enough free memory (an expected
+  // outcome, like reserve() returning nullptr). Works while a stream captures a graph.
+  virtual bool map_pages(int device, void* at, std::size_t bytes) {
+    (void)at;
+    (void)bytes;
+    unsupported("map_pages", device);
+  }
+  // Unmap the mapped pages [at, at + bytes) and give their memory back to the device. Like release(),
+  // it may synchronize the device first (the CUDA backend does: unmapping does not wait for work still
+  // using the pages), so it is not allowed while a stream of the device captures a graph.
+  virtual void unmap_pages(int device, void* at, std::size_t bytes) {
+    (void)at;
+    (void)bytes;
+    unsupported("unmap_pages", device);
+  }
+  // Give back a range from reserve_address_range(): its base and size exactly, every page unmapped.
+  virtual void release_address_range(int device, void* base, std::size_t bytes) {
+    (void)base;
+    (void)bytes;
+    unsupported("release_address_range", device);
+  }
+
+ protected:
+  [[noreturn]] void unsupported(const char* call, int device) const {
+    throw Error(ErrorCode::kBackend, name() + " backend: " + call + "(device " + std::to_string(device) +
+                                         "): virtual memory is not supported (ask supports_virtual_memory() first)");
+  }
 };
 
 }  // namespace streamalloc

@@ -22,6 +22,16 @@
 //   query_event, query_stream, synchronize_event and release fail as CUDA's do in global capture mode,
 //   and record_event on the capturing stream fails (on CUDA it would become a graph node, not a fence);
 //   each is also counted as a capture violation. reserve() works (relaxed-mode cudaMalloc).
+// - Virtual memory (Backend's contract) is modelled with host virtual memory: a reserved range is an
+//   inaccessible host mapping (so it never overlaps reserve()'s memory, and a stray host access to it
+//   faults as a device access would), map_pages makes whole pages of it readable and writable, and
+//   unmap_pages drops them again. Mapped pages count against the same device limit as reserve()
+//   (memory_info's free bytes drop as pages map), so map_pages returns false when they do not fit.
+//   Address space per device is bounded too (Config), so reserve_address_range can return nullptr.
+//   memset_async checks that every byte it fills is reserved or mapped memory, and accessible() is the
+//   same check for tests. unmap_pages synchronizes the device and is refused during a capture, as
+//   release is; reserving, mapping and releasing a range work during one, as on CUDA. Mapped pages
+//   read as zero here; on a device their contents are undefined.
 //
 // Work functions run on the thread that advances the stream, with no backend lock held; they must
 // not call back into the backend.
@@ -44,6 +54,9 @@ class SimBackend final : public Backend {
     int device_count = 1;
     std::size_t memory_per_device = 1 * GiB;  // the device "total"; reserve fails beyond it
     Mode mode = Mode::kEager;
+    bool virtual_memory = true;                        // supports_virtual_memory(); false models a device without
+    std::size_t vm_granularity = 2 * MiB;              // a power of two, a multiple of the host page size
+    std::size_t address_space_per_device = 1024 * GiB;  // reserve_address_range fails beyond it
   };
 
   struct Counters {  // COUNT of backend calls, for tests that check batching and host syncs
@@ -58,6 +71,11 @@ class SimBackend final : public Backend {
     std::uint64_t stream_waits = 0;
     std::uint64_t memsets = 0;
     std::uint64_t capture_violations = 0;  // a query or event sync while a stream of the device captures
+    std::uint64_t address_range_reserves = 0;  // reserve_address_range calls that returned a range
+    std::uint64_t address_range_releases = 0;
+    std::uint64_t page_maps = 0;      // map_pages calls that mapped
+    std::uint64_t map_refusals = 0;   // map_pages calls that returned false (device full, or injected)
+    std::uint64_t page_unmaps = 0;
   };
 
   SimBackend();
@@ -80,6 +98,12 @@ class SimBackend final : public Backend {
   void memset_async(int device, void* ptr, int value, std::size_t bytes, Stream stream) override;
   DeviceMemoryInfo memory_info(int device) override;
   int stream_device(Stream stream) override;
+  bool supports_virtual_memory(int device) override;
+  std::size_t vm_granularity(int device) override;
+  void* reserve_address_range(int device, std::size_t bytes) override;
+  bool map_pages(int device, void* at, std::size_t bytes) override;
+  void unmap_pages(int device, void* at, std::size_t bytes) override;
+  void release_address_range(int device, void* base, std::size_t bytes) override;
 
   // ---- simulation control (tests, demo, replay) ----
   Stream create_stream(int device = 0);
@@ -97,7 +121,18 @@ class SimBackend final : public Backend {
   void set_capturing(int device, Stream stream, bool capturing);
   // Change the device memory limit (OOM tests).
   void set_memory_limit(int device, std::size_t bytes);
-  std::size_t reserved_bytes(int device) const;
+  std::size_t reserved_bytes(int device) const;  // from reserve()
+  std::size_t mapped_bytes(int device) const;    // pages mapped by map_pages()
+  // True when the device may touch every byte of [ptr, ptr + bytes): they lie inside one reservation
+  // from reserve(), or in mapped pages of one reserved address range. An address in a reserved range
+  // whose page is not mapped is not accessible (on a device, touching it faults).
+  bool accessible(int device, const void* ptr, std::size_t bytes) const;
+  // The next `count` map_pages calls on `device` return false as if the device were full.
+  void fail_next_maps(int device, int count);
+  // Throws Error(kBackend) naming the first broken invariant of the memory model: the sum of the
+  // reservations, the address ranges' bookkeeping (AddressRanges::validate), no range overlapping a
+  // reservation.
+  void validate() const;
   Counters counters() const;
   Mode mode() const;
 
