@@ -1,8 +1,8 @@
 # RMM (the RAPIDS Memory Manager) for the rmm_* benchmark peers, from the prefix bench/fetch_rmm.sh
 # unpacks its wheels into. Defines, when found:
-#   streamalloc_rmm   imported target: RMM's headers (and the CCCL 3.5 headers it is built against, ahead
-#                     of the CUDA toolkit's), librmm.so and librapids_logger.so
-#   STREAMALLOC_RMM_LIB_DIR   where those libraries are, for the RPATH of what links them
+#   streamalloc_rmm   imported target: RMM's headers (and the CCCL 3.5 headers it is built against),
+#                     librmm.so and librapids_logger.so, linked by full path (so CMake puts their folder
+#                     on the RPATH of every program that links them)
 # and sets STREAMALLOC_BENCH_RMM to ON or OFF with the reason in STREAMALLOC_BENCH_RMM_REASON.
 #
 # RMM's own CMake package is not used: it links the static CUDA runtime into its users, and this build
@@ -18,10 +18,17 @@ if(NOT STREAMALLOC_HAVE_CUDA)
 elseif(NOT EXISTS "${STREAMALLOC_RMM_ROOT}/include/rmm/mr/arena_memory_resource.hpp")
   set(STREAMALLOC_BENCH_RMM_REASON "no RMM in ${STREAMALLOC_RMM_ROOT}; bench/fetch_rmm.sh fetches it")
 else()
-  find_library(STREAMALLOC_RMM_LIBRARY rmm PATHS "${STREAMALLOC_RMM_ROOT}/lib64" "${STREAMALLOC_RMM_ROOT}/lib"
-               NO_DEFAULT_PATH)
-  find_library(STREAMALLOC_RAPIDS_LOGGER_LIBRARY rapids_logger
-               PATHS "${STREAMALLOC_RMM_ROOT}/lib64" "${STREAMALLOC_RMM_ROOT}/lib" NO_DEFAULT_PATH)
+  # Plain paths, not find_library(): a cached result would outlive a change of STREAMALLOC_RMM_ROOT.
+  set(STREAMALLOC_RMM_LIBRARY "")
+  set(STREAMALLOC_RAPIDS_LOGGER_LIBRARY "")
+  foreach(_rmm_libdir lib64 lib)
+    if(NOT STREAMALLOC_RMM_LIBRARY AND EXISTS "${STREAMALLOC_RMM_ROOT}/${_rmm_libdir}/librmm.so")
+      set(STREAMALLOC_RMM_LIBRARY "${STREAMALLOC_RMM_ROOT}/${_rmm_libdir}/librmm.so")
+    endif()
+    if(NOT STREAMALLOC_RAPIDS_LOGGER_LIBRARY AND EXISTS "${STREAMALLOC_RMM_ROOT}/${_rmm_libdir}/librapids_logger.so")
+      set(STREAMALLOC_RAPIDS_LOGGER_LIBRARY "${STREAMALLOC_RMM_ROOT}/${_rmm_libdir}/librapids_logger.so")
+    endif()
+  endforeach()
   # RMM 26.10 needs CCCL 3.5 (cuda::mr::shared_resource, any_resource); CUDA 13.0 ships 3.0.
   set(_rmm_cccl "${STREAMALLOC_RMM_ROOT}/include/rapids")
   if(NOT STREAMALLOC_RMM_LIBRARY OR NOT STREAMALLOC_RAPIDS_LOGGER_LIBRARY)
@@ -30,7 +37,6 @@ else()
     set(STREAMALLOC_BENCH_RMM_REASON "the CCCL headers RMM needs are missing in ${_rmm_cccl}")
   else()
     set(STREAMALLOC_BENCH_RMM ON)
-    get_filename_component(STREAMALLOC_RMM_LIB_DIR "${STREAMALLOC_RMM_LIBRARY}" DIRECTORY)
     add_library(streamalloc_rmm INTERFACE IMPORTED)
     # SYSTEM: RMM's and CCCL's own warnings are not this project's.
     target_include_directories(streamalloc_rmm SYSTEM INTERFACE "${_rmm_cccl}" "${STREAMALLOC_RMM_ROOT}/include")

@@ -9,6 +9,7 @@ and the median p99 latency. Without a GPU the server says so and this script rep
   python3 bench/inference_server.py [--build build] [--allocators native,streamalloc,standin,rmm]
       [--threads 1,2,4,8,16] [--models mlp,conv] [--rounds 1] [--reps 3] [--duration 2] [--warmup 0.5]
       [--quick] [--conf K:V,...] [--json OUT.json] [--markdown OUT.md]
+  python3 bench/inference_server.py --from-json RUN.json [--markdown OUT.md]   (the table of a saved run)
 """
 import argparse
 import datetime
@@ -37,6 +38,7 @@ def parse_args(argv):
     p.add_argument("--conf", default="", help="streamalloc's options (STREAMALLOC_CONF syntax)")
     p.add_argument("--json", help="write every JSON line of every run here")
     p.add_argument("--markdown", help="write the table here")
+    p.add_argument("--from-json", help="run nothing: the table of the JSON lines in this file (--json of a run)")
     args = p.parse_args(argv)
     if args.quick:
         args.reps, args.duration, args.warmup = 2, 1.0, 0.25
@@ -92,18 +94,17 @@ def summarize(lines):
     return out
 
 
-def markdown(summary, allocators, lines, args, failures):
+def markdown(summary, allocators, lines, failures, machine):
+    """The table: `machine` is the line that says where and how it ran."""
     first = lines[0]
-    models = [m for m in args.models.split(",") if any(k[1] == m for k in summary)]
-    threads = [int(t) for t in args.threads.split(",")]
-    reps = args.rounds * args.reps
+    models = list(dict.fromkeys(line["model"] for line in lines))
+    threads = sorted({line["threads"] for line in lines})
+    reps = min(s["reps"] for s in summary.values())
     out = [
         "# Inference server: requests/s by allocator",
         "",
-        f"{first['gpu']} on {socket.gethostname()} ({os.cpu_count()} CPUs), torch {first['torch']}, commit {commit()}, "
-        f"{datetime.date.today().isoformat()}; bench/inference_server.py"
-        f"{' --quick' if args.quick else ''}, {args.rounds} round(s) x {args.reps} repetitions of "
-        f"{args.duration:g} s after {args.warmup:g} s of warm-up, batches of 1..{first['max_batch']} rows.",
+        machine + f" Batches of 1..{first['max_batch']} rows, {first['duration_s']:g} s counted after "
+        f"{first['warmup_s']:g} s of warm-up per repetition.",
         "",
         "Median requests/s over all threads (and, in brackets, the ratio to PyTorch's native allocator: above 1 "
         "is more requests per second). `standin` is the ceiling: an allocator with no locks and no stream "
@@ -134,12 +135,29 @@ def markdown(summary, allocators, lines, args, failures):
             out.append(f"| {model} | {t} | " + " | ".join(cells) + " |")
     for a, reason in failures.items():
         out += ["", f"{a} failed: {reason}"]
-    out.append(f"\n({reps} repetitions per cell.)")
+    out.append(f"\n(At least {reps} repetitions per cell.)")
     return "\n".join(out) + "\n"
+
+
+def write_table(lines, allocators, failures, machine, path):
+    table = markdown(summarize(lines), allocators, lines, failures, machine)
+    print("\n" + table)
+    if path:
+        with open(path, "w") as f:
+            f.write(table)
 
 
 def main(argv):
     args = parse_args(argv)
+    if args.from_json:
+        with open(args.from_json) as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+        if not lines:
+            sys.exit(f"inference_server.py: no JSON lines in {args.from_json}")
+        allocators = list(dict.fromkeys(line["allocator"] for line in lines))
+        write_table(lines, allocators, {}, f"{lines[0]['gpu']}, torch {lines[0]['torch']}; from {args.from_json}.",
+                    args.markdown)
+        return 0
     binary = binary_path(args.build)
     available = subprocess.run([binary, "--list-allocators"], capture_output=True, text=True, check=True).stdout.split()
     allocators = args.allocators.split(",") if args.allocators else available
@@ -168,11 +186,10 @@ def main(argv):
     if not lines:
         print("inference_server.py: every allocator failed:", failures, file=sys.stderr)
         return 1
-    table = markdown(summarize(lines), allocators, lines, args, failures)
-    print("\n" + table)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(table)
+    machine = (f"{lines[0]['gpu']} on {socket.gethostname()} ({os.cpu_count()} CPUs), torch {lines[0]['torch']}, "
+               f"commit {commit()}, {datetime.date.today().isoformat()}; bench/inference_server.py"
+               f"{' --quick' if args.quick else ''}, {args.rounds} round(s) of {args.reps} repetitions.")
+    write_table(lines, allocators, failures, machine, args.markdown)
     return 1 if failures else 0
 
 
