@@ -7,6 +7,7 @@
 //   torch_native      PyTorch's CUDACachingAllocator through LibTorch (built with Torch, run with a GPU)
 //   cudaMallocAsync   the default memory pool with its release threshold at UINT64_MAX (GPU only)
 //   cudaMalloc        no caching at all (GPU only)
+//   rmm_pool, rmm_arena, rmm_binning   RMM's stream-ordered resources (built with RMM, run with a GPU)
 //   sim_malloc        cudaMalloc-style on the simulated device (no cache, every free waits for the
 //                     device); only where streamalloc runs on the simulated device, and only when named
 //                     or asked for with PeerSelection::sim_baseline
@@ -57,7 +58,8 @@ class Peer {
 
 // A peer that can be opened: name, device, and a factory.
 struct PeerKind {
-  std::string name;    // streamalloc | streamalloc_cabi | torch_native | cudaMallocAsync | cudaMalloc | sim_malloc
+  std::string name;    // streamalloc | streamalloc_cabi | torch_native | cudaMallocAsync | cudaMalloc |
+                       // rmm_pool | rmm_arena | rmm_binning | sim_malloc
   std::string device;  // "sim" or "cuda": where the peer runs, shown in every result
   std::function<std::unique_ptr<Peer>()> open;
 

@@ -1,18 +1,19 @@
 // The CUDA runtime's own allocators as peers, and the process-wide pool of CUDA streams every GPU peer
-// uses. The only file of bench/ besides peer_torch.cpp that includes CUDA headers.
+// uses. With peer_stream_uses.hpp, peer_torch.cpp and peer_rmm.cpp, the only files of bench/ that include
+// CUDA headers.
 #include <cuda_runtime_api.h>
 
-#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
+#include "peer_atomic_peak.hpp"
 #include "peer_kinds.hpp"
+#include "peer_stream_uses.hpp"
 #include "streamalloc/cuda_backend.hpp"
 
 namespace streamalloc::bench {
@@ -53,27 +54,10 @@ StreamPool& stream_pool() {
   return *pool;
 }
 
-// Peak of a value changed from several threads.
-class AtomicPeak {
- public:
-  void add(std::int64_t amount) {
-    const std::int64_t now = current_.fetch_add(amount, std::memory_order_relaxed) + amount;
-    std::int64_t peak = peak_.load(std::memory_order_relaxed);
-    while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
-    }
-  }
-  void reset_peak() { peak_.store(current_.load(std::memory_order_relaxed), std::memory_order_relaxed); }
-  std::int64_t peak() const { return peak_.load(std::memory_order_relaxed); }
-
- private:
-  std::atomic<std::int64_t> current_{0};
-  std::atomic<std::int64_t> peak_{0};
-};
-
 // cudaMallocAsync on the device's default pool, its release threshold at UINT64_MAX so that freed
 // memory stays cached in the pool (otherwise every synchronization would give it back).
 // record_stream: the pool has no such call; what a careful user does instead is make the freeing
-// stream wait for the using stream before cudaFreeAsync. That is done at free time, with one event.
+// stream wait for the using stream before cudaFreeAsync (StreamUses, at free time).
 class CudaMallocAsyncPeer final : public Peer {
  public:
   CudaMallocAsyncPeer() {
@@ -81,7 +65,6 @@ class CudaMallocAsyncPeer final : public Peer {
     check(cudaDeviceGetDefaultMemPool(&pool_, kDevice), "cudaDeviceGetDefaultMemPool");
     std::uint64_t threshold = std::numeric_limits<std::uint64_t>::max();
     check(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold), "cudaMemPoolSetAttribute");
-    check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     reset_memory();
   }
 
@@ -90,7 +73,6 @@ class CudaMallocAsyncPeer final : public Peer {
       reset_memory();
     } catch (...) {
     }
-    cudaEventDestroy(event_);
   }
 
   void* alloc(std::size_t size, Stream stream) override {
@@ -100,27 +82,11 @@ class CudaMallocAsyncPeer final : public Peer {
   }
 
   void free(void* ptr, std::size_t, Stream stream) override {
-    if (recorded_.load(std::memory_order_relaxed) != 0) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = uses_.find(ptr);
-      if (it != uses_.end()) {
-        for (Stream user : it->second) {
-          check(cudaEventRecord(event_, to_cuda(user)), "cudaEventRecord");
-          check(cudaStreamWaitEvent(to_cuda(stream), event_, 0), "cudaStreamWaitEvent");
-        }
-        uses_.erase(it);
-        recorded_.fetch_sub(1, std::memory_order_relaxed);
-      }
-    }
+    uses_.wait_before_free(ptr, stream);
     check(cudaFreeAsync(ptr, to_cuda(stream)), "cudaFreeAsync");
   }
 
-  void record_stream(void* ptr, Stream stream) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto [it, inserted] = uses_.try_emplace(ptr);
-    if (inserted) recorded_.fetch_add(1, std::memory_order_relaxed);
-    it->second.push_back(stream);
-  }
+  void record_stream(void* ptr, Stream stream) override { uses_.record(ptr, stream); }
 
   Stream stream(int k) override { return cuda_pool_stream(k); }
   void synchronize() override { cuda_synchronize_device(); }
@@ -144,10 +110,7 @@ class CudaMallocAsyncPeer final : public Peer {
 
  private:
   cudaMemPool_t pool_ = nullptr;
-  cudaEvent_t event_ = nullptr;
-  std::mutex mutex_;
-  std::unordered_map<void*, std::vector<Stream>> uses_;
-  std::atomic<std::size_t> recorded_{0};  // entries in uses_: the free path skips the lock when 0
+  StreamUses uses_;
 };
 
 // cudaMalloc/cudaFree: no cache. cudaFree waits for all work on the device, so no stream can still use

@@ -37,4 +37,12 @@ PeerKind torch_native_peer_kind();
 std::string torch_version();
 #endif
 
+#ifdef STREAMALLOC_BENCH_RMM
+// peer_rmm.cpp: RMM's pool, arena and binning resources (need a GPU at run time).
+PeerKind rmm_pool_peer_kind();
+PeerKind rmm_arena_peer_kind();
+PeerKind rmm_binning_peer_kind();
+std::string rmm_version();
+#endif
+
 }  // namespace streamalloc::bench

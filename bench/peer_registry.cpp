@@ -42,11 +42,19 @@ std::vector<std::pair<std::string, std::string>> peer_names(bool gpu, bool strea
 #else
   const std::string cuda_reason = "this build has no CUDA (the toolkit was not found at configure time)";
 #endif
+#ifdef STREAMALLOC_BENCH_RMM
+  const std::string rmm_reason = gpu ? "" : no_gpu;
+#else
+  const std::string rmm_reason = "this build has no RMM (run bench/fetch_rmm.sh, then configure again)";
+#endif
   return {{"streamalloc", ""},
           {"streamalloc_cabi", ""},
           {"torch_native", torch_reason},
           {"cudaMallocAsync", cuda_reason},
           {"cudaMalloc", cuda_reason},
+          {"rmm_pool", rmm_reason},
+          {"rmm_arena", rmm_reason},
+          {"rmm_binning", rmm_reason},
           {"sim_malloc", streamalloc_on_cuda ? "runs only beside streamalloc on the simulated device" : ""}};
 }
 
@@ -102,6 +110,11 @@ std::vector<PeerKind> available_peers(const PeerSelection& selection) {
   if (gpu && wanted("cudaMallocAsync")) peers.push_back(cuda_malloc_async_peer_kind());
   if (gpu && wanted("cudaMalloc")) peers.push_back(cuda_malloc_peer_kind());
 #endif
+#ifdef STREAMALLOC_BENCH_RMM
+  if (gpu && wanted("rmm_pool")) peers.push_back(rmm_pool_peer_kind());
+  if (gpu && wanted("rmm_arena")) peers.push_back(rmm_arena_peer_kind());
+  if (gpu && wanted("rmm_binning")) peers.push_back(rmm_binning_peer_kind());
+#endif
   // Not in the default set: `make bench` and the trace replays compare streamalloc with real allocators.
   const bool named_sim = std::find(selection.names.begin(), selection.names.end(), "sim_malloc") != selection.names.end();
   if (!streamalloc_on_cuda && (selection.sim_baseline || named_sim)) peers.push_back(sim_malloc_peer_kind());
@@ -120,6 +133,11 @@ std::vector<std::pair<std::string, std::string>> machine_context() {
   out.emplace_back("torch", torch_version());
 #else
   out.emplace_back("torch", "not built");
+#endif
+#ifdef STREAMALLOC_BENCH_RMM
+  out.emplace_back("rmm", rmm_version());
+#else
+  out.emplace_back("rmm", "not built");
 #endif
   std::string missing;
   for (const auto& [name, reason] : peer_names(gpu_here(), gpu_here())) {
