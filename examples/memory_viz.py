@@ -66,6 +66,14 @@ def timeline(trace: list[dict]) -> tuple[list[float], dict[int, list[int]], dict
     return times, alloc_series, pending_series, holds
 
 
+def _scale(values: list[int]) -> tuple[float, str]:
+    peak = max(values, default=0)
+    for factor, unit in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if peak >= factor:
+            return float(factor), unit
+    return 1.0, "bytes"
+
+
 def draw(snapshot: dict, out: str, title: str, device: int = 0) -> None:
     try:
         import matplotlib
@@ -79,38 +87,38 @@ def draw(snapshot: dict, out: str, title: str, device: int = 0) -> None:
     if not times:
         sys.exit(f"the snapshot has no trace entries on device {device}: record history before the workload "
                  "(torch.cuda.memory._record_memory_history())")
-    mib = float(1 << 20)
     streams = list(alloc_series)
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
-    layers, labels, colors, hatches = [], [], [], []
     palette = plt.get_cmap("tab10").colors
-    for i, stream in enumerate(streams):
-        layers.append([v / mib for v in alloc_series[stream]])
-        labels.append(f"allocated, {_stream_name(stream, {})}")
-        colors.append(palette[i % len(palette)])
-        hatches.append(None)
-    for i, stream in enumerate(streams):
+    # One panel per stream, each on its own scale: a stream holding a few small batches back would
+    # vanish next to another stream's long-lived weights on a shared axis.
+    fig, axes = plt.subplots(len(streams) + 1, 1, figsize=(11, 2.2 * len(streams) + 3), sharex=True)
+    for i, (stream, ax) in enumerate(zip(streams, axes)):
+        color = palette[i % len(palette)]
+        factor, unit = _scale([a + p for a, p in zip(alloc_series[stream], pending_series[stream])])
+        allocated = [v / factor for v in alloc_series[stream]]
+        held = [(a + p) / factor for a, p in zip(alloc_series[stream], pending_series[stream])]
+        ax.fill_between(times, 0, allocated, step="post", color=color, alpha=0.8, label="allocated")
         if any(pending_series[stream]):
-            layers.append([v / mib for v in pending_series[stream]])
-            labels.append(f"freed, held for another stream, {_stream_name(stream, {})}")
-            colors.append(palette[i % len(palette)])
-            hatches.append("////")
-    polys = top.stackplot(times, layers, labels=labels, colors=colors, step="post", alpha=0.8)
-    for poly, hatch in zip(polys, hatches):
-        if hatch:
-            poly.set_hatch(hatch)
-            poly.set_alpha(0.35)
-    top.set_ylabel("MiB")
-    top.set_title(title)
-    top.legend(loc="upper left", fontsize=8)
-    for row, (stream, start, end, size, _metadata) in enumerate(holds[:400]):
-        bottom.plot([start, end], [row, row], color=palette[streams.index(stream) % len(palette)], linewidth=1.5)
-    durations = sorted(end - start for _, start, end, _, _ in holds)
-    median = durations[len(durations) // 2] * 1000.0 if durations else 0.0
-    bottom.set_ylabel("held-back frees")
+            ax.fill_between(times, allocated, held, step="post", facecolor="none", edgecolor=color, hatch="////",
+                            linewidth=0.0, label="freed, held until the streams that used it are done")
+        ax.set_ylabel(unit)
+        ax.set_title(f"blocks allocated on {_stream_name(stream, {})}", fontsize=9, loc="left")
+        ax.legend(loc="upper right", fontsize=8)
+    axes[0].figure.suptitle(title)
+    bottom = axes[-1]
+    for i, stream in enumerate(streams):
+        mine = [(start, (end - start) * 1000.0) for s, start, end, _, _ in holds if s == stream]
+        if mine:
+            bottom.scatter([m[0] for m in mine], [m[1] for m in mine], s=6, color=palette[i % len(palette)],
+                           label=_stream_name(stream, {}))
+    durations = sorted((end - start) * 1000.0 for _, start, end, _, _ in holds)
+    median = durations[len(durations) // 2] if durations else 0.0
+    bottom.set_ylabel("held (us)")
     bottom.set_xlabel("time since the first trace entry (ms)")
-    bottom.set_title(f"free_requested -> free_completed of each freed block used on another stream "
-                     f"({len(holds)} blocks, median hold {median:.0f} us)", fontsize=9)
+    bottom.set_title(f"free_requested -> free_completed of each block held back at its free ({len(holds)} blocks, "
+                     f"median {median:.0f} us), by the stream it was allocated on", fontsize=9, loc="left")
+    if holds:
+        bottom.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 

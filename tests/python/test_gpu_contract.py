@@ -325,7 +325,8 @@ def test_memory_stats_keys_in_every_state():
 @requires_extension
 def test_memory_stats_values_that_must_agree():
     native, ours = both("states")
-    assert native["side_was_busy"] and ours["side_was_busy"], "the pending block settled before it was observed"
+    assert native["side_was_busy"] and ours["side_was_busy"], \
+        f"the pending block settled before it was observed: native {native['side_was_busy']}, streamalloc {ours['side_was_busy']}"
     lines = []
     for state in native["states"]:
         if state == "fresh":

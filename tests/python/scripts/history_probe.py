@@ -151,14 +151,14 @@ def plots():
 
 def free_stack(context: str):
     # test_memory_plots_free_stack: with context "all" a free carries its own stack; with "alloc" none.
-    torch.cuda.memory._record_memory_history(context, stacks="python")
+    torch.cuda.memory._record_memory_history("all", context=context, stacks="python")
     tensors = [allocate_here()]
     address = tensors[0].data_ptr()
     free_here(tensors)
     mine = entries_at(trace(), address)
     requested = [e for e in mine if e["action"] == "free_requested"]
     return {"free_frames_here": bool(requested) and "free_here" in frame_names(requested[0]),
-            "free_frames": len(requested[0]["frames"]) if requested else -1}
+            "free_frames": len(requested[0].get("frames", [])) if requested else -1}
 
 
 def free_segment_stack():
@@ -179,7 +179,7 @@ def history_context(context):
     snapshot = torch.cuda.memory._snapshot()
     mine = entries_at(snapshot["device_traces"][torch.cuda.current_device()], x.data_ptr())
     block = block_of(snapshot, x.data_ptr())
-    return {"trace_frames": sum(len(e["frames"]) for e in mine),
+    return {"trace_frames": sum(len(e.get("frames", [])) for e in mine),  # no "frames" key without stacks
             "block_frames": len(block["frames"]) if block else -1}
 
 

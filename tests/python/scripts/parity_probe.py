@@ -90,7 +90,7 @@ def walk_states() -> dict:
     pending = torch.ones(PENDING_SIZE, dtype=torch.uint8, device="cuda")
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        torch.cuda._sleep(200_000_000)
+        torch.cuda._sleep(1_000_000_000)  # ~0.5 s: busy while the stats are read
         pending.add_(1)
     pending.record_stream(side)
     del pending
