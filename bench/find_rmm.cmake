@@ -37,6 +37,10 @@ else()
     set(STREAMALLOC_BENCH_RMM_REASON "the CCCL headers RMM needs are missing in ${_rmm_cccl}")
   else()
     set(STREAMALLOC_BENCH_RMM ON)
+    # Targets that use RMM put this first on their include path (SYSTEM BEFORE): where the CUDA
+    # toolkit's include directory carries its own, older CCCL, an interface include of a library linked
+    # earlier would otherwise come first.
+    set(STREAMALLOC_RMM_CCCL_INCLUDE "${_rmm_cccl}")
     add_library(streamalloc_rmm INTERFACE IMPORTED)
     # SYSTEM: RMM's and CCCL's own warnings are not this project's.
     target_include_directories(streamalloc_rmm SYSTEM INTERFACE "${_rmm_cccl}" "${STREAMALLOC_RMM_ROOT}/include")
