@@ -245,18 +245,37 @@ TEST(History, EntriesAndLiveBlocksCarryTheCallersContext) {
     TraceContextScope scope(std::make_shared<NamedContext>("free here"));
     s.a().deallocate(p, 4 * KiB, 0, producer);
   }
-  EXPECT_TRUE(s.a().live_contexts(0).blocks.empty());
+  // Pending, the block keeps its allocation stack (a snapshot shows where it came from).
+  EXPECT_EQ(name_of(s.a().live_contexts(0).blocks.at(reinterpret_cast<std::uintptr_t>(p))), "alloc here");
   {
-    // A fence completing during another thread's call is no part of that call.
+    // A fence completing during another thread's call is no part of that call: the completed free
+    // shows the block's allocation stack, as PyTorch's entries do.
     TraceContextScope scope(std::make_shared<NamedContext>("someone else"));
     s.a().synchronize_fences();
   }
+  EXPECT_TRUE(s.a().live_contexts(0).blocks.empty());
   const std::vector<TraceEntry> h = s.a().history(0);
   EXPECT_EQ(name_of(only(h, TraceAction::kAlloc)[0].context), "alloc here");
   EXPECT_EQ(name_of(only(h, TraceAction::kSegmentAlloc)[0].context), "alloc here");
   EXPECT_EQ(name_of(only(h, TraceAction::kFreeRequested)[0].context), "free here");
-  EXPECT_EQ(only(h, TraceAction::kFreeCompleted)[0].context, nullptr);
+  EXPECT_EQ(name_of(only(h, TraceAction::kFreeCompleted)[0].context), "alloc here");
   EXPECT_EQ(current_trace_context(), nullptr) << "scopes restore the previous context";
+}
+
+TEST(History, AFreeWithoutItsOwnStackShowsTheAllocationStack) {
+  SimSetup s("");
+  const Stream stream = s.sim->create_stream();
+  s.a().record_history(true, 100);
+  void* p = nullptr;
+  {
+    TraceContextScope scope(std::make_shared<NamedContext>("alloc here"));
+    p = s.a().allocate(4 * KiB, 0, stream);
+  }
+  s.a().deallocate(p, 4 * KiB, 0, stream);  // no stack gathered for the free (PyTorch's context "alloc")
+  const std::vector<TraceEntry> h = s.a().history(0);
+  EXPECT_EQ(name_of(only(h, TraceAction::kFreeRequested)[0].context), "alloc here");
+  EXPECT_EQ(name_of(only(h, TraceAction::kFreeCompleted)[0].context), "alloc here");
+  EXPECT_TRUE(s.a().live_contexts(0).blocks.empty());
 }
 
 TEST(History, StateLevelKeepsBlockContextsOutOfTheTrace) {

@@ -41,7 +41,7 @@ void HistoryRecorder::keep_live_context(const TraceEntry& entry, const TraceCont
       if (context) live_.blocks[entry.address] = context;
       else live_.blocks.erase(entry.address);
       break;
-    case TraceAction::kFreeRequested:
+    case TraceAction::kFreeCompleted:
       live_.blocks.erase(entry.address);
       break;
     case TraceAction::kSegmentAlloc:
@@ -59,10 +59,20 @@ void HistoryRecorder::keep_live_context(const TraceEntry& entry, const TraceCont
 void HistoryRecorder::record(TraceEntry&& entry, bool caller_context) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!enabled_) return;
-  const TraceContextPtr& context = caller_context ? current_trace_context() : TraceContextPtr();
+  TraceContextPtr context = caller_context ? current_trace_context() : TraceContextPtr();
+  // A free without a stack of its own (one the caller did not gather, or one completed when a fence
+  // did) shows the block's allocation stack, as PyTorch's entries do; the block keeps that stack
+  // until its free completes, so a pending block in a snapshot still has its frames.
+  if (!context && (entry.action == TraceAction::kFreeRequested || entry.action == TraceAction::kFreeCompleted)) {
+    const auto it = live_.blocks.find(entry.address);
+    if (it != live_.blocks.end()) {
+      context = it->second;
+      entry.context_from_allocation = true;
+    }
+  }
+  if (contexts_in_trace_ && !skip_[static_cast<std::size_t>(entry.action)]) entry.context = context;
   keep_live_context(entry, context);
   if (skip_[static_cast<std::size_t>(entry.action)]) return;
-  if (contexts_in_trace_) entry.context = context;
   if (ring_.size() < max_entries_) {
     ring_.push_back(std::move(entry));
     next_ = ring_.size() == max_entries_ ? 0 : ring_.size();

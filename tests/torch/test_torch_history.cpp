@@ -143,7 +143,7 @@ TEST_F(TorchHistoryTest, SnapshotTracesCarryContextsStreamsPoolsAndTheStreamFact
   EXPECT_EQ(t[3].context_, free_stack);
   EXPECT_EQ(t[3].user_metadata_.rfind("backward; streamalloc: pending on stream(s) 0x", 0), 0u) << t[3].user_metadata_;
   EXPECT_EQ(t[4].addr_, address);
-  EXPECT_EQ(t[4].context_, nullptr) << "a fence completing belongs to no call";
+  EXPECT_EQ(t[4].context_, alloc_stack) << "a fence completing belongs to no call: the allocation's stack shows";
   EXPECT_EQ(t[4].user_metadata_.rfind("streamalloc: fence on stream 0x", 0), 0u) << t[4].user_metadata_;
   EXPECT_NE(t[4].user_metadata_.find(" held "), std::string::npos);
 

@@ -136,7 +136,7 @@ std::vector<c10::CachingDeviceAllocator::TraceEntry> to_torch_trace(const std::v
   for (const TraceEntry& e : entries) {
     if (e.action == TraceAction::kRecordStream) continue;
     const auto* context = dynamic_cast<const TorchTraceContext*>(e.context.get());
-    std::string metadata = context != nullptr ? context->user_metadata : std::string();
+    std::string metadata = context != nullptr && !e.context_from_allocation ? context->user_metadata : std::string();
     const std::string facts = stream_facts(e);
     if (!facts.empty()) metadata = metadata.empty() ? facts : metadata + "; " + facts;
     c10::CachingDeviceAllocator::TraceEntry entry(

@@ -68,6 +68,10 @@ struct TraceEntry {
   // The calling thread's context, when the settings keep contexts in the trace. Events that a fence
   // completes carry none: they happen on behalf of another call.
   TraceContextPtr context;
+  // The context is the block's allocation context, shown on a free that has no stack of its own (as
+  // PyTorch's entries do); what else the caller attached to its context (the user's metadata) is not
+  // this entry's.
+  bool context_from_allocation = false;
 
   // ---- stream facts (streamalloc's)
   // kFreeRequested: the other streams the block was used on; empty when it was reusable at once.
