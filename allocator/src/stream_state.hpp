@@ -6,12 +6,12 @@
 #pragma once
 
 #include <cstddef>
-#include <mutex>
 #include <vector>
 
 #include "block.hpp"
 #include "fence_queue.hpp"
 #include "live_map.hpp"
+#include "spin_lock.hpp"
 
 namespace streamalloc {
 
@@ -36,7 +36,9 @@ struct StreamState {
   explicit StreamState(Stream stream) : fences(stream) {}
   Stream stream() const { return fences.stream(); }
 
-  std::mutex lock;
+  // A spin lock: uncontended unless threads share the stream or a device-locked call holds it (then
+  // waiters yield), and one locked instruction per fast path where a std::mutex costs two and a call.
+  SpinLock lock;
   FenceQueue fences;
   // Blocks just freed on this stream, kept unmerged so that the next allocation of the same size takes
   // one back without splitting or merging (the common alloc/free loop). Oldest first.
