@@ -18,12 +18,14 @@
 #pragma once
 
 #include <atomic>
+#include <cassert>
 #include <chrono>
 #include <cstddef>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "block.hpp"
@@ -43,6 +45,13 @@
 #include "streamalloc/stats.hpp"
 
 namespace streamalloc {
+
+#ifndef NDEBUG
+// Debug builds check the lock order: how many shard locks this thread holds on a fast path (the
+// device lock must not be taken then), and which thread holds each cache's device lock (only it may
+// take shard locks through lock_shard).
+inline thread_local int t_fast_path_shard_locks = 0;
+#endif
 
 class DeviceCache {
  public:
@@ -103,8 +112,18 @@ class DeviceCache {
   // released together when it returns.
   class DeviceLock {
    public:
-    explicit DeviceLock(const DeviceCache& cache) : cache_(cache), lock_(cache.mutex_) {}
-    ~DeviceLock() { cache_.unlock_shards(); }
+    explicit DeviceLock(const DeviceCache& cache) : cache_(cache), lock_(cache.mutex_) {
+#ifndef NDEBUG
+      assert(t_fast_path_shard_locks == 0 && "lock order: the device lock is taken before shard locks, never after");
+      cache_.device_lock_owner_ = std::this_thread::get_id();
+#endif
+    }
+    ~DeviceLock() {
+      cache_.unlock_shards();
+#ifndef NDEBUG
+      cache_.device_lock_owner_ = std::thread::id();
+#endif
+    }
     DeviceLock(const DeviceLock&) = delete;
     DeviceLock& operator=(const DeviceLock&) = delete;
 
@@ -123,6 +142,9 @@ class DeviceCache {
   }
   StreamState& find_or_add_stream(Stream stream);
   void lock_shard(StreamState& state) const {
+#ifndef NDEBUG
+    assert(device_lock_owner_ == std::this_thread::get_id() && "lock order: shard locks after the device lock");
+#endif
     if (state.locked_by_device) return;
     state.lock.lock();
     state.locked_by_device = true;
@@ -130,6 +152,27 @@ class DeviceCache {
   }
   void lock_all_shards() const;  // for the calls that read blocks of every stream (reports, validate)
   void unlock_shards() const;
+  // A fast path's hold of one shard lock (counted in debug builds, for the lock-order checks).
+  class ShardGuard {
+   public:
+    explicit ShardGuard(StreamState& shard) : shard_(shard) {
+      shard_.lock.lock();
+#ifndef NDEBUG
+      ++t_fast_path_shard_locks;
+#endif
+    }
+    ~ShardGuard() {
+#ifndef NDEBUG
+      --t_fast_path_shard_locks;
+#endif
+      shard_.lock.unlock();
+    }
+    ShardGuard(const ShardGuard&) = delete;
+    ShardGuard& operator=(const ShardGuard&) = delete;
+
+   private:
+    StreamState& shard_;
+  };
   // Fast paths: nullptr / false when the call needs the device-locked path (which then decides).
   void* allocate_parked(StreamState& shard, std::size_t requested);
   bool free_to_shard(StreamState& shard, std::uintptr_t address, std::size_t size_hint);
@@ -276,6 +319,9 @@ class DeviceCache {
   // Written by the fast paths of every stream: on its own cache line, away from the fields above.
   alignas(64) mutable SpinLock stats_lock_;
   mutable std::vector<StreamState*> locked_shards_;  // by the device-locked call now running
+#ifndef NDEBUG
+  mutable std::thread::id device_lock_owner_;  // written under the device lock
+#endif
 
   double memory_fraction_;
   // Cached from the backend on first need; read by the fast path (which leaves a request larger than

@@ -16,7 +16,7 @@ void* DeviceCache::allocate_parked(StreamState& shard, std::size_t requested) {
   if (total == 0 || requested > total) return nullptr;
   const std::size_t size = size_policy::round_size(requested, options_);
   if (size_policy::is_oversize(size, options_)) return nullptr;  // oversize counts are the device lock's
-  std::lock_guard<SpinLock> guard(shard.lock);
+  ShardGuard guard(shard);
   Block* block = take_hot(shard, size);
   if (block == nullptr) return nullptr;
   hand_out_parked(shard, block, requested);
@@ -37,7 +37,7 @@ void DeviceCache::hand_out_parked(StreamState& shard, Block* block, std::size_t 
 }
 
 bool DeviceCache::free_to_shard(StreamState& shard, std::uintptr_t address, std::size_t size_hint) {
-  std::lock_guard<SpinLock> guard(shard.lock);
+  ShardGuard guard(shard);
   Block* block = shard.live.find(address);
   if (block == nullptr) return false;  // another stream's block, or a bad free
   if (size_hint != 0 && size_hint != block->requested) return false;
