@@ -80,8 +80,18 @@ void* Allocator::allocate(std::size_t size, int device, Stream stream) {
 
 void Allocator::deallocate(void* ptr, std::size_t size, int device, Stream stream) {
   if (ptr == nullptr) return;
-  // The common case costs one lookup: the named device (or device 0 when unknown) holds the block.
-  DeviceCache& named = cache(device >= 0 ? device : 0);
+  // The common case costs one lookup: the named device holds the block; without one, the device whose
+  // cache has seen the stream (a lock-free look at each cache's stream table), else device 0.
+  int first = device >= 0 ? device : 0;
+  if (device < 0 && device_count() > 1) {
+    for (int d = 0; d < device_count(); ++d) {
+      if (caches_[static_cast<std::size_t>(d)]->knows_stream(stream)) {
+        first = d;
+        break;
+      }
+    }
+  }
+  DeviceCache& named = cache(first);
   if (named.deallocate(ptr, size, stream)) return;
   const int actual = find_device(ptr, -1);
   if (actual >= 0 && device < 0) {

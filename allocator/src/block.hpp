@@ -65,6 +65,15 @@ struct Block {
   bool held = false;
   // Free, owned by its stream, and parked unmerged in that stream's hot list for an exact-size reuse.
   bool hot = false;
+  // Allocated or hot: in its stream's shard (StreamState::live or ::hot), where the per-stream fast
+  // path changes it under the shard's lock alone. Written only under the device lock and the shard
+  // lock, so device-locked code may read it (and address, size, segment, stream, which do not change
+  // while it is set) and must leave the block's other fields alone without the shard lock.
+  bool in_shard = false;
+  // While in_shard: is_split(), as it was when the block entered the shard. It cannot change while the
+  // block is in the shard (only a free neighbour's merge moves a link, from one block to another), and
+  // the fast path reads this instead of the links, which device-locked merges may write meanwhile.
+  bool split_in_shard = false;
   // check_sync: the allocation stream's tick when the block was handed out.
   std::uint64_t alloc_tick = 0;
 

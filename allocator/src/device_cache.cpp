@@ -1,4 +1,5 @@
-// DeviceCache: construction, teardown, and the state kept per stream.
+// DeviceCache: construction, teardown, and the state kept per stream (its shard) as device-locked code
+// finds and locks it.
 #include "device_cache.hpp"
 
 #include <spdlog/fmt/fmt.h>
@@ -18,6 +19,7 @@ DeviceCache::DeviceCache(int device, const Options& options, Backend& backend, s
       aids_(std::move(aids)) {
   stats_.max_split_size =
       options.max_split_size_bytes == 0 ? -1 : static_cast<std::int64_t>(options.max_split_size_bytes);
+  update_fast_path();
 }
 
 // Segments still holding live blocks stay reserved (their memory may still be in use); the segment
@@ -43,18 +45,55 @@ StreamState& DeviceCache::find_or_add_stream(Stream stream) {
                               stream, owner, device_));
     }
     it = streams_.emplace(stream, std::make_unique<StreamState>(stream)).first;
+    // Published for the fast path once complete; a full table leaves the stream to this path.
+    shards_.insert(stream, it->second.get());
   }
   last_stream_ = it->second.get();
   return *last_stream_;
 }
 
+void DeviceCache::lock_all_shards() const {
+  for (const auto& [stream, state] : streams_) lock_shard(*state);
+}
+
+void DeviceCache::unlock_shards() const {
+  for (StreamState* state : locked_shards_) {
+    state->locked_by_device = false;
+    state->lock.unlock();
+  }
+  locked_shards_.clear();
+}
+
+Block* DeviceCache::find_live(std::uintptr_t address, Stream hint) {
+  auto hinted = streams_.find(hint);
+  if (hinted != streams_.end()) {
+    lock_shard(*hinted->second);
+    if (Block* block = hinted->second->live.find(address)) return block;
+  }
+  for (const auto& [stream, state] : streams_) {
+    if (stream == hint) continue;
+    lock_shard(*state);
+    if (Block* block = state->live.find(address)) return block;
+  }
+  return nullptr;
+}
+
+std::size_t DeviceCache::live_count() const {
+  std::size_t live = 0;
+  for (const auto& [stream, state] : streams_) {
+    lock_shard(*state);
+    live += state->live.size();
+  }
+  return live;
+}
+
 bool DeviceCache::owns_live(const void* ptr) const {
-  Lock lock(mutex_);
-  return live_.find(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
+  DeviceLock lock(*this);
+  return const_cast<DeviceCache*>(this)->find_live(reinterpret_cast<std::uintptr_t>(ptr), 0) != nullptr;
 }
 
 bool DeviceCache::owns_address(const void* ptr) const {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
   return segments_.containing(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
 }
 

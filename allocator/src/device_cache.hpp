@@ -3,18 +3,29 @@
 // FreeLists of the segment's MemoryPool (the default pool, or a private pool that allocations are
 // routed to), owned by a stream or settled; blocks freed after use on other streams wait as pending for
 // batched fences, kept per stream in a StreamState. Debugging aids hang off one hook pointer
-// (debug_aid.hpp). All public methods lock the cache's mutex.
+// (debug_aid.hpp).
+//
+// Locking (docs/design.md, "Locking"): each stream's StreamState is a shard with its own lock. The
+// common path, an allocation served from the stream's hot list and a free of a block without other
+// uses back to it, takes that shard lock alone (device_cache_shards.cpp). Everything else takes the
+// device lock (mutex_) and then the lock of every shard it touches, held until it returns (DeviceLock,
+// lock_shard); the stats the fast path changes are also guarded by stats_lock_. Order: device lock,
+// then shard locks, then stats_lock_; a fast path holds one shard lock and never waits for the device
+// lock while holding it.
 //
 // The methods are defined one concept per file, device_cache_<concept>.cpp; docs/design.md ("Layers")
 // says which file owns which concept, and the private methods below are grouped the same way.
 #pragma once
 
+#include <atomic>
+#include <cassert>
 #include <chrono>
 #include <cstddef>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "block.hpp"
@@ -24,6 +35,8 @@
 #include "live_map.hpp"
 #include "memory_pool.hpp"
 #include "segment_source.hpp"
+#include "shard_table.hpp"
+#include "spin_lock.hpp"
 #include "stream_state.hpp"
 #include "trace_events.hpp"
 #include "streamalloc/backend.hpp"
@@ -34,6 +47,13 @@
 #include "streamalloc/trace.hpp"
 
 namespace streamalloc {
+
+#ifndef NDEBUG
+// Debug builds check the lock order: how many shard locks this thread holds on a fast path (the
+// device lock must not be taken then), and which thread holds each cache's device lock (only it may
+// take shard locks through lock_shard).
+inline thread_local int t_fast_path_shard_locks = 0;
+#endif
 
 class DeviceCache {
  public:
@@ -54,6 +74,8 @@ class DeviceCache {
   // Counts and audits a record_stream on a pointer that is live on no device.
   void record_stream_not_live(const void* ptr, Stream stream);
   bool owns_live(const void* ptr) const;
+  // Whether a call on this device has used `stream` (lock-free: the free path's device lookup).
+  bool knows_stream(Stream stream) const { return shards_.find(stream) != nullptr; }
   bool owns_address(const void* ptr) const;  // inside any segment of this device
 
   void empty_cache();  // the default pool and every freeable private pool
@@ -91,14 +113,86 @@ class DeviceCache {
   void set_trace_sink(TraceSink* sink);
 
  private:
-  using Lock = std::unique_lock<std::mutex>;
+  // The device lock of one public call, and the shard locks the call took on the way (lock_shard),
+  // released together when it returns.
+  class DeviceLock {
+   public:
+    explicit DeviceLock(const DeviceCache& cache) : cache_(cache), lock_(cache.mutex_) {
+#ifndef NDEBUG
+      assert(t_fast_path_shard_locks == 0 && "lock order: the device lock is taken before shard locks, never after");
+      cache_.device_lock_owner_ = std::this_thread::get_id();
+#endif
+    }
+    ~DeviceLock() {
+      cache_.unlock_shards();
+#ifndef NDEBUG
+      cache_.device_lock_owner_ = std::thread::id();
+#endif
+    }
+    DeviceLock(const DeviceLock&) = delete;
+    DeviceLock& operator=(const DeviceLock&) = delete;
 
-  // ---- the per-stream state (device_cache.cpp)
+   private:
+    const DeviceCache& cache_;
+    std::unique_lock<std::mutex> lock_;
+  };
+
+  // ---- shards: the per-stream state and its lock (device_cache.cpp, device_cache_shards.cpp)
+  // Device-locked code: the stream's shard, created on first sight, locked for the rest of the call.
   StreamState& stream_state(Stream stream) {
-    if (last_stream_ != nullptr && last_stream_->stream() == stream) return *last_stream_;
-    return find_or_add_stream(stream);
+    StreamState* state = last_stream_;
+    if (state == nullptr || state->stream() != stream) state = &find_or_add_stream(stream);
+    lock_shard(*state);
+    return *state;
   }
   StreamState& find_or_add_stream(Stream stream);
+  void lock_shard(StreamState& state) const {
+#ifndef NDEBUG
+    assert(device_lock_owner_ == std::this_thread::get_id() && "lock order: shard locks after the device lock");
+#endif
+    if (state.locked_by_device) return;
+    state.lock.lock();
+    state.locked_by_device = true;
+    locked_shards_.push_back(&state);
+  }
+  void lock_all_shards() const;  // for the calls that read blocks of every stream (reports, validate)
+  void unlock_shards() const;
+  // A fast path's hold of one shard lock (counted in debug builds, for the lock-order checks).
+  class ShardGuard {
+   public:
+    explicit ShardGuard(StreamState& shard) : shard_(shard) {
+      shard_.lock.lock();
+#ifndef NDEBUG
+      ++t_fast_path_shard_locks;
+#endif
+    }
+    ~ShardGuard() {
+#ifndef NDEBUG
+      --t_fast_path_shard_locks;
+#endif
+      shard_.lock.unlock();
+    }
+    ShardGuard(const ShardGuard&) = delete;
+    ShardGuard& operator=(const ShardGuard&) = delete;
+
+   private:
+    StreamState& shard_;
+  };
+  // Fast paths: nullptr / false when the call needs the device-locked path (which then decides).
+  void* allocate_parked(StreamState& shard, std::size_t requested);
+  bool free_to_shard(StreamState& shard, std::uintptr_t address, std::size_t size_hint);
+  // Hand out a block parked in `shard`'s hot list (its lock held); shared by both paths.
+  void hand_out_parked(StreamState& shard, Block* block, std::size_t requested);
+  // A live block of this device, its shard locked; nullptr when none. `hint`'s shard is tried first.
+  Block* find_live(std::uintptr_t address, Stream hint);
+  std::size_t live_count() const;
+  // Whether the fast path may run: no debugging aid, no trace sink (allocation history records under the
+  // device lock), no open route, no use recorded during a capture. Recomputed under the device lock
+  // whenever one of these changes.
+  void update_fast_path() {
+    fast_path_.store(aids_ == nullptr && trace_ == nullptr && routes_.empty() && capture_uses_.empty(),
+                     std::memory_order_relaxed);
+  }
 
   // ---- memory pools (device_cache_pools.cpp)
   // The pool an allocation on `stream` comes from: the newest open route whose filter accepts the
@@ -137,7 +231,7 @@ class DeviceCache {
   void make_available(Block* block);           // into the free lists, unless an aid holds it back
   void enter_free_lists(Block* block);         // settle if its fence completed, merge, index
   void settle(Block* block);                   // an owned block whose fence completed
-  Block* take_hot(StreamState& state, std::size_t size);  // an exact-size hot block, out of the list
+  Block* take_hot(StreamState& state, std::size_t size);  // an exact-size hot block, out of the list (still hot)
   void flush_hot(StreamState& state, std::size_t keep);   // all but the `keep` newest into the free lists
   void flush_all_hot();
   void hold_back(Block* block);  // an aid takes it; blocks the aid lets go of enter the free lists
@@ -145,17 +239,21 @@ class DeviceCache {
   void enter_free_lists_after_hold(const std::vector<Block*>& released);
   // A free block inside a segment that is not entirely free counts as an inactive split (PyTorch's
   // definition); the flag makes counting idempotent. Inline: every cached alloc and free passes here.
-  void count_inactive_split(Block* block) {
-    if (block->counted_inactive_split || !block->is_split()) return;
+  // `split`: the block's is_split() (a shard's block passes split_in_shard).
+  void count_inactive_split(Block* block, bool split) {
+    if (block->counted_inactive_split || !split) return;
     block->counted_inactive_split = true;
-    stat_increase(&DeviceStats::inactive_split, block->segment->pool, 1);
-    stat_increase(&DeviceStats::inactive_split_bytes, block->segment->pool, static_cast<std::int64_t>(block->size));
+    shard_stat_increase(&DeviceStats::inactive_split, block->segment->pool, 1);
+    shard_stat_increase(&DeviceStats::inactive_split_bytes, block->segment->pool,
+                        static_cast<std::int64_t>(block->size));
   }
+  void count_inactive_split(Block* block) { count_inactive_split(block, block->is_split()); }
   void uncount_inactive_split(Block* block) {
     if (!block->counted_inactive_split) return;
     block->counted_inactive_split = false;
-    stat_decrease(&DeviceStats::inactive_split, block->segment->pool, 1);
-    stat_decrease(&DeviceStats::inactive_split_bytes, block->segment->pool, static_cast<std::int64_t>(block->size));
+    shard_stat_decrease(&DeviceStats::inactive_split, block->segment->pool, 1);
+    shard_stat_decrease(&DeviceStats::inactive_split_bytes, block->segment->pool,
+                        static_cast<std::int64_t>(block->size));
   }
 
   // ---- fences (device_cache_fences.cpp)
@@ -178,13 +276,19 @@ class DeviceCache {
                                     bool ask_streams = true);
   std::size_t memory_cap() const;
   void note_device_total() {
-    if (device_total_ == 0) device_total_ = backend_.memory_info(device_).total_bytes;
+    if (device_total_.load(std::memory_order_relaxed) == 0) {
+      device_total_.store(backend_.memory_info(device_).total_bytes, std::memory_order_relaxed);
+    }
   }
 
   // ---- stats (device_cache_stats.cpp)
   template <typename F>
   void for_each_stat(F&& visit);
   // The aggregate and the block's pool move together (inline: a pair of calls costs ten of these).
+  // The stats the fast path changes too (allocation, allocated_bytes, requested_bytes, active,
+  // active_bytes, inactive_split, inactive_split_bytes) change only under stats_lock_: through the
+  // shard_stat_* calls, or the grouped account_* calls of the two fast paths; the others
+  // (segment, reserved_bytes) under the device lock alone.
   void stat_increase(StatArray DeviceStats::*field, PoolKind pool, std::int64_t amount) {
     (stats_.*field)[0].increase(amount);
     (stats_.*field)[pool_index(pool)].increase(amount);
@@ -193,6 +297,20 @@ class DeviceCache {
     (stats_.*field)[0].decrease(amount);
     (stats_.*field)[pool_index(pool)].decrease(amount);
   }
+  void shard_stat_increase(StatArray DeviceStats::*field, PoolKind pool, std::int64_t amount) {
+    std::lock_guard<SpinLock> guard(stats_lock_);
+    stat_increase(field, pool, amount);
+  }
+  void shard_stat_decrease(StatArray DeviceStats::*field, PoolKind pool, std::int64_t amount) {
+    std::lock_guard<SpinLock> guard(stats_lock_);
+    stat_decrease(field, pool, amount);
+  }
+  void account_allocated(const Block* block, std::size_t requested);  // handed out (and active)
+  void account_freed(const Block* block);                             // no longer allocated
+  void account_inactive(const Block* block);                          // no longer active
+  void account_parked(Block* block);  // freed to its stream's hot list: freed, inactive, inactive split
+  void account_unparked(Block* block, std::size_t requested);  // taken from it: allocated
+  std::int64_t allocated_bytes_now() const;
 
   // ---- reports (device_cache_report.cpp)
   BlockInfo describe(const Block* block, Clock::time_point now) const;
@@ -201,13 +319,23 @@ class DeviceCache {
   const int device_;
   const Options& options_;
   Backend& backend_;
-  mutable std::mutex mutex_;
+  mutable std::mutex mutex_;  // the device lock
+  // The fast path's switch (update_fast_path) and its lock-free view of the shards.
+  std::atomic<bool> fast_path_{false};
+  ShardTable shards_;
+  // Written by the fast paths of every stream: on its own cache line, away from the fields above.
+  alignas(64) mutable SpinLock stats_lock_;
+  mutable std::vector<StreamState*> locked_shards_;  // by the device-locked call now running
+#ifndef NDEBUG
+  mutable std::thread::id device_lock_owner_;  // written under the device lock
+#endif
 
   double memory_fraction_;
-  std::size_t device_total_ = 0;  // cached from the backend on first need
+  // Cached from the backend on first need; read by the fast path (which leaves a request larger than
+  // the device to the device-locked path, which then reports it).
+  std::atomic<std::size_t> device_total_{0};
 
   SegmentSource segments_;
-  LiveMap live_;               // allocated blocks by address
   MemoryPool default_pool_;    // free blocks of the default pool's segments, owned or settled
   std::map<PoolId, std::unique_ptr<MemoryPool>> private_pools_;
   struct Route {
@@ -217,8 +345,8 @@ class DeviceCache {
   std::vector<Route> routes_;  // open routes, oldest first
   // Live or pending blocks with uses recorded on a stream while it captured (the capture rule).
   std::map<Block*, std::vector<Stream>> capture_uses_;
-  std::map<Stream, std::unique_ptr<StreamState>> streams_;
-  StreamState* last_stream_ = nullptr;  // one-entry cache in front of streams_ for the hot path
+  std::map<Stream, std::unique_ptr<StreamState>> streams_;  // the shards; grows only, under the device lock
+  StreamState* last_stream_ = nullptr;  // one-entry cache in front of streams_ for device-locked calls
   EventPool events_;
   DeviceStats stats_;
   bool accumulated_reset_ = false;  // validate() then cannot check allocated - freed == current

@@ -47,7 +47,13 @@ std::string out_of_memory_head(const std::string& backend, int device, std::size
 }  // namespace
 
 void* DeviceCache::allocate(std::size_t requested, Stream stream) {
-  Lock lock(mutex_);
+  // The common path: the stream's own hot list, under its shard lock alone (device_cache_shards.cpp).
+  if (fast_path_.load(std::memory_order_relaxed)) {
+    if (StreamState* shard = shards_.find(stream)) {
+      if (void* ptr = allocate_parked(*shard, requested)) return ptr;
+    }
+  }
+  DeviceLock lock(*this);
   note_device_total();
   if (requested > kMaxRequest || requested > device_total_) throw_larger_than_device(requested, stream);
   StreamState& own = stream_state(stream);  // first sight of a stream checks that it belongs to this device
@@ -55,7 +61,10 @@ void* DeviceCache::allocate(std::size_t requested, Stream stream) {
   const std::size_t size = size_policy::round_size(requested, options_);
   const PoolKind kind = size_policy::pool_for(size);
   if (&pool == &default_pool_) {
-    if (Block* hot = take_hot(own, size)) return reinterpret_cast<void*>(hand_out(hot, requested, stream)->address);
+    if (Block* hot = take_hot(own, size)) {
+      hand_out_parked(own, hot, requested);
+      return reinterpret_cast<void*>(hot->address);
+    }
     // A large-pool size the hot list cannot serve: the parked blocks join the free lists first, merged
     // with their neighbours, so the best fit below sees the free memory it would see without the hot
     // list (parked blocks left out of the best fit fragment the large pool). Small-pool blocks stay
@@ -160,8 +169,8 @@ Block* DeviceCache::take(Block* block, std::size_t size, std::size_t requested, 
   return hand_out(block, requested, stream);
 }
 
+// A block from the free lists (or a restored checkpoint) enters its stream's shard.
 Block* DeviceCache::hand_out(Block* block, std::size_t requested, Stream stream) {
-  const PoolKind pool = block->segment->pool;
   block->state = BlockState::kAllocated;
   block->settled = false;
   block->stream = stream;
@@ -170,12 +179,10 @@ Block* DeviceCache::hand_out(Block* block, std::size_t requested, Stream stream)
   block->record_stream_calls = 0;
   block->fences_left = 0;
   block->since = coarse_now();
-  live_.insert(block->address, block);
-  stat_increase(&DeviceStats::allocation, pool, 1);
-  stat_increase(&DeviceStats::allocated_bytes, pool, static_cast<std::int64_t>(block->size));
-  stat_increase(&DeviceStats::requested_bytes, pool, static_cast<std::int64_t>(requested));
-  stat_increase(&DeviceStats::active, pool, 1);
-  stat_increase(&DeviceStats::active_bytes, pool, static_cast<std::int64_t>(block->size));
+  block->in_shard = true;
+  block->split_in_shard = block->is_split();
+  stream_state(stream).live.insert(block->address, block);
+  account_allocated(block, requested);
   if (size_policy::is_oversize(block->size, options_)) stats_.oversize_allocations.increase(1);
   if (aids_ != nullptr) aids_->on_allocate(*block);
   if (trace_ != nullptr) trace_events::alloc(*trace_, device_, *block);
@@ -194,7 +201,7 @@ void DeviceCache::throw_larger_than_device(std::size_t requested, Stream stream)
     const std::size_t size = size_policy::round_size(requested, options_);
     msg = out_of_memory_head(backend_.name(), device_, size_policy::segment_size_for(size),
                              backend_.memory_info(device_), memory_fraction_, memory_cap(),
-                             static_cast<std::size_t>(stats_.allocated_bytes[0].current), segments_.reserved_bytes());
+                             static_cast<std::size_t>(allocated_bytes_now()), segments_.reserved_bytes());
     msg += fmt::format(
         " streamalloc ({}): the request of {} bytes is larger than the device's total memory of {}; nothing was "
         "flushed. Check the size computation of this tensor.",
@@ -213,7 +220,7 @@ void DeviceCache::throw_out_of_memory(std::size_t requested, std::size_t size, S
   for (const auto& [id, pool] : private_pools_) pool->free.for_each([&](const Block* b) { cached_free += b->size; });
   std::string msg = out_of_memory_head(backend_.name(), device_, size_policy::segment_size_for(size), info,
                                        memory_fraction_, memory_cap(),
-                                       static_cast<std::size_t>(stats_.allocated_bytes[0].current),
+                                       static_cast<std::size_t>(allocated_bytes_now()),
                                        segments_.reserved_bytes());
   msg += fmt::format(
       " streamalloc ({}): request of {} ({} rounded) on stream {:#x}; {} reserved, {} cached free, {} pending in "

@@ -21,7 +21,8 @@ namespace {
 }  // namespace
 
 PoolCheckpoint DeviceCache::checkpoint_pool(PoolId pool) const {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
+  lock_all_shards();
   const MemoryPool& target = const_cast<DeviceCache*>(this)->private_pool(pool, "checkpoint_pool");
   PoolCheckpoint checkpoint;
   checkpoint.device = device_;
@@ -48,7 +49,8 @@ PoolCheckpoint DeviceCache::checkpoint_pool(PoolId pool) const {
 }
 
 PoolRestore DeviceCache::restore_pool(const PoolCheckpoint& checkpoint) {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
+  lock_all_shards();
   // Everything is checked before anything changes.
   if (checkpoint.device != device_) refuse(fmt::format("it was taken on device {}, not {}", checkpoint.device, device_));
   MemoryPool& pool = private_pool(checkpoint.pool, "restore_pool");
@@ -123,7 +125,8 @@ PoolRestore DeviceCache::restore_pool(const PoolCheckpoint& checkpoint) {
 }
 
 bool DeviceCache::pool_live_blocks_are(PoolId pool, const std::vector<const void*>& expected) const {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
+  lock_all_shards();
   const MemoryPool* target = find_pool(pool);
   if (target == nullptr) return expected.empty();
   const std::set<const void*> wanted(expected.begin(), expected.end());

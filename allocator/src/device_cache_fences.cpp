@@ -55,9 +55,7 @@ void DeviceCache::note_pending_changed(Clock::time_point when, const Stream* str
 void DeviceCache::release_pending(Block* block) {
   stats_.pending_blocks.decrease(1);
   stats_.pending_bytes.decrease(static_cast<std::int64_t>(block->size));
-  const PoolKind pool = block->segment->pool;
-  stat_decrease(&DeviceStats::active, pool, 1);
-  stat_decrease(&DeviceStats::active_bytes, pool, static_cast<std::int64_t>(block->size));
+  account_inactive(block);
   // An aid's work on the block (poison) is new work on the allocation stream, so the block is safe for
   // other streams only after a fence recorded behind it: it rejoins the owner's open batch (its old
   // batch may have completed already).
@@ -129,6 +127,7 @@ void DeviceCache::poll_fences(bool close_batches) {
   const auto now = Clock::now();
   for (auto& [stream, state] : streams_) {
     if (!close_batches && state->fences.in_flight().empty() && state->fences.open_pending().empty()) continue;
+    lock_shard(*state);  // (in_flight and open_pending are the device lock's; the sequence numbers are not)
     Fence fence;
     std::uint64_t queries = 0;
     bool oldest_incomplete = false;  // then no newer fence of the stream can have completed either
@@ -171,6 +170,7 @@ void DeviceCache::synchronize_all_fences(bool for_memory) {
   std::size_t fences = 0;
   const auto pending_before = stats_.pending_bytes.current;
   for (auto& [stream, state] : streams_) {
+    lock_shard(*state);
     close_batch(*state);
     Fence fence;
     while (state->fences.synchronize_oldest(backend_, device_, &fence)) {
@@ -186,12 +186,12 @@ void DeviceCache::synchronize_all_fences(bool for_memory) {
 }
 
 void DeviceCache::process_fences() {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
   close_batches_and_poll();
 }
 
 void DeviceCache::synchronize_fences() {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
   synchronize_all_fences();
 }
 

@@ -9,15 +9,22 @@
 namespace streamalloc {
 
 void DeviceCache::reject_free(const void* ptr) {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
   ++stats_.invalid_frees;
   throw_bad_free(ptr, "free");
 }
 
 bool DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hint) {
-  Lock lock(mutex_);
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-  Block* block = live_.find(address);
+  // The common path: a block of `stream_hint` without other uses goes back to its hot list, under
+  // the shard lock alone (device_cache_shards.cpp).
+  if (fast_path_.load(std::memory_order_relaxed)) {
+    if (StreamState* shard = shards_.find(stream_hint)) {
+      if (free_to_shard(*shard, address, size_hint)) return true;
+    }
+  }
+  DeviceLock lock(*this);
+  Block* block = find_live(address, stream_hint);
   if (block == nullptr) return false;
   if (size_hint != 0 && size_hint != block->requested) {
     ++stats_.invalid_frees;
@@ -38,13 +45,12 @@ bool DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hin
   return true;
 }
 
+// `block` is live, its shard locked: it leaves the shard (free_to_owner may park it there again).
 void DeviceCache::free_live(Block* block) {
   if (!capture_uses_.empty()) drop_ended_capture_uses();
-  live_.erase(block->address);
-  const PoolKind pool = block->segment->pool;
-  stat_decrease(&DeviceStats::allocation, pool, 1);
-  stat_decrease(&DeviceStats::allocated_bytes, pool, static_cast<std::int64_t>(block->size));
-  stat_decrease(&DeviceStats::requested_bytes, pool, static_cast<std::int64_t>(block->requested));
+  stream_state(block->stream).live.erase(block->address);
+  block->in_shard = false;
+  account_freed(block);
   if (size_policy::is_oversize(block->size, options_)) stats_.oversize_allocations.decrease(1);
   if (aids_ != nullptr) aids_->on_free(*block);
   if (trace_ != nullptr) trace_events::free_requested(*trace_, device_, *block);
@@ -52,8 +58,7 @@ void DeviceCache::free_live(Block* block) {
   if (block->recorded_streams.empty()) {
     block->since = coarse_now();
     if (aids_ != nullptr) aids_->on_reusable(*block);  // free_to_owner fences whatever an aid enqueued
-    stat_decrease(&DeviceStats::active, pool, 1);
-    stat_decrease(&DeviceStats::active_bytes, pool, static_cast<std::int64_t>(block->size));
+    account_inactive(block);
     free_to_owner(block);
   } else {
     block->since = Clock::now();  // precise: the free-to-reusable latency is measured from here
@@ -62,8 +67,8 @@ void DeviceCache::free_live(Block* block) {
 }
 
 bool DeviceCache::record_stream(void* ptr, Stream stream) {
-  Lock lock(mutex_);
-  Block* block = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  DeviceLock lock(*this);
+  Block* block = find_live(reinterpret_cast<std::uintptr_t>(ptr), stream);
   if (block == nullptr) return false;
   ++stats_.record_stream_calls;
   if (stream == block->stream) {
@@ -84,7 +89,7 @@ bool DeviceCache::record_stream(void* ptr, Stream stream) {
 }
 
 void DeviceCache::record_stream_not_live(const void* ptr, Stream stream) {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
   ++stats_.record_stream_calls;
   ++stats_.record_stream_unknown_ptr;
   if (aids_ == nullptr) return;
@@ -99,7 +104,10 @@ void DeviceCache::add_use(Block* block, Stream stream, NewUse how) {
   // Asking whether the stream captures costs a runtime call, so it is asked only while a route is open
   // (PyTorch opens one for every capture). A use on a capturing stream without a route is kept, and
   // fenced after the capture like any other: later than needed, never too early.
-  if (!routes_.empty() && backend_.is_capturing(device_, stream)) capture_uses_[block].push_back(stream);
+  if (!routes_.empty() && backend_.is_capturing(device_, stream)) {
+    capture_uses_[block].push_back(stream);
+    update_fast_path();
+  }
 }
 
 void DeviceCache::drop_ended_capture_uses() {
@@ -112,6 +120,7 @@ void DeviceCache::drop_ended_capture_uses() {
         ++s;
         continue;
       }
+      stream_state(block->stream);  // a live block is its shard's: lock it before changing its uses
       auto& uses = block->recorded_streams;
       auto use = std::find(uses.begin(), uses.end(), *s);
       if (use != uses.end()) uses.erase(use);
@@ -126,6 +135,7 @@ void DeviceCache::drop_ended_capture_uses() {
     }
     it = streams.empty() ? capture_uses_.erase(it) : std::next(it);
   }
+  update_fast_path();
   for (Block* block : released) {
     if (trace_ != nullptr) trace_events::fenced_free_completed(*trace_, device_, *block, 0, nullptr);
     release_pending(block);
@@ -145,6 +155,8 @@ void DeviceCache::free_to_owner(Block* block) {
   if ((aids_ == nullptr || !aids_->holds_blocks()) && block->segment->owner == &default_pool_ &&
       owner.fences.completed_seq() < block->settle_seq) {
     block->hot = true;
+    block->in_shard = true;
+    block->split_in_shard = block->is_split();
     count_inactive_split(block);
     owner.hot.push_back(block);
     if (owner.hot.size() > StreamState::kHotBlocks) flush_hot(owner, StreamState::kHotBlocks / 2);

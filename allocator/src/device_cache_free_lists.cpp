@@ -48,14 +48,13 @@ void DeviceCache::settle(Block* block) {
   insert_free(merge_free_neighbours(block));
 }
 
+// Both paths, `state`'s lock held. The block stays in the shard: hand_out_parked makes it live there.
 Block* DeviceCache::take_hot(StreamState& state, std::size_t size) {
   std::vector<Block*>& hot = state.hot;
   for (std::size_t i = hot.size(); i-- > 0;) {
     Block* block = hot[i];
     if (block->size != size) continue;
     hot.erase(hot.begin() + static_cast<std::ptrdiff_t>(i));
-    block->hot = false;
-    uncount_inactive_split(block);
     return block;
   }
   return nullptr;
@@ -71,13 +70,17 @@ void DeviceCache::flush_hot(StreamState& state, std::size_t keep) {
   // (and deleted) before its own turn.
   for (Block* block : oldest) {
     block->hot = false;
+    block->in_shard = false;
     uncount_inactive_split(block);
     enter_free_lists(block);
   }
 }
 
 void DeviceCache::flush_all_hot() {
-  for (auto& [stream, state] : streams_) flush_hot(*state, 0);
+  for (auto& [stream, state] : streams_) {
+    lock_shard(*state);
+    flush_hot(*state, 0);
+  }
 }
 
 // An aid holds the block back from reuse, and may let go of older ones.

@@ -23,7 +23,7 @@ std::size_t DeviceCache::release_free_segments(std::size_t target_bytes, const M
     if (only != nullptr && owner != only) continue;
     if (owner != &default_pool_ && !owner->freeable()) continue;
     Block* head = segment->head;
-    if (head->state != BlockState::kFree || !head->settled || head->held || head->next != nullptr) continue;
+    if (head->in_shard || head->state != BlockState::kFree || !head->settled || head->held || head->next != nullptr) continue;
     remove_free(head);
     --owner->segments;
     const PoolKind pool = segment->pool;
@@ -41,7 +41,7 @@ std::size_t DeviceCache::release_free_segments(std::size_t target_bytes, const M
 }
 
 void DeviceCache::empty_cache() {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
   release_held();
   synchronize_all_fences();
   release_free_segments(SIZE_MAX);
@@ -54,7 +54,7 @@ void DeviceCache::empty_cache(PoolId pool) {
     empty_cache();
     return;
   }
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
   MemoryPool* target = find_pool(pool);
   if (target == nullptr || !target->freeable()) return;
   release_held();
@@ -63,7 +63,7 @@ void DeviceCache::empty_cache(PoolId pool) {
 }
 
 void DeviceCache::set_memory_fraction(double fraction) {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
   note_device_total();
   memory_fraction_ = fraction;
   if (segments_.reserved_bytes() > memory_cap()) {
@@ -74,7 +74,7 @@ void DeviceCache::set_memory_fraction(double fraction) {
 }
 
 double DeviceCache::memory_fraction() const {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
   return memory_fraction_;
 }
 
@@ -83,10 +83,11 @@ double DeviceCache::memory_fraction() const {
 // events only: it waits for the fences already recorded and releases what they settle. Blocks whose
 // fences were never recorded keep their segments reserved until the process exits.
 void DeviceCache::release_all() {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
   flush_all_hot();
   release_held();
   for (auto& [stream, state] : streams_) {
+    lock_shard(*state);
     Fence fence;
     try {
       while (state->fences.synchronize_oldest(backend_, device_, &fence)) finish_fence(*state, fence);
@@ -95,8 +96,8 @@ void DeviceCache::release_all() {
     }
   }
   release_free_segments(SIZE_MAX, nullptr, /*ask_streams=*/false);
-  if (!live_.empty()) {
-    log().debug("device {}: {} block(s) still allocated at teardown stay reserved", device_, live_.size());
+  if (const std::size_t live = live_count(); live != 0) {
+    log().debug("device {}: {} block(s) still allocated at teardown stay reserved", device_, live);
   }
 }
 

@@ -54,7 +54,7 @@ MemoryPool& DeviceCache::add_pool_use(PoolId pool) {
 }
 
 void DeviceCache::create_or_incref_pool(PoolId pool) {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
   if (pool.is_default()) {
     throw Error(ErrorCode::kInvalidArgument, "streamalloc: the default memory pool (0, 0) cannot be created");
   }
@@ -62,7 +62,7 @@ void DeviceCache::create_or_incref_pool(PoolId pool) {
 }
 
 void DeviceCache::release_pool(PoolId pool) {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
   MemoryPool& target = private_pool(pool, "release_pool");
   if (target.use_count == 0) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -73,7 +73,7 @@ void DeviceCache::release_pool(PoolId pool) {
 }
 
 void DeviceCache::begin_allocate_to_pool(PoolId pool, PoolFilter filter) {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
   if (pool.is_default()) {
     throw Error(ErrorCode::kInvalidArgument, "streamalloc: allocations cannot be routed to the default pool (0, 0)");
   }
@@ -87,13 +87,15 @@ void DeviceCache::begin_allocate_to_pool(PoolId pool, PoolFilter filter) {
     }
   }
   routes_.push_back(Route{&add_pool_use(pool), std::move(filter)});
+  update_fast_path();
 }
 
 void DeviceCache::end_allocate_to_pool(PoolId pool) {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
   for (auto it = routes_.begin(); it != routes_.end(); ++it) {
     if (it->pool->id != pool) continue;
     routes_.erase(it);
+    update_fast_path();
     // The capture that opened the route has usually just ended: its uses leave their batches now.
     if (!capture_uses_.empty()) drop_ended_capture_uses();
     return;
@@ -104,18 +106,18 @@ void DeviceCache::end_allocate_to_pool(PoolId pool) {
 }
 
 int DeviceCache::pool_use_count(PoolId pool) const {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
   const MemoryPool* found = pool.is_default() ? nullptr : find_pool(pool);
   return found == nullptr ? 0 : found->use_count;
 }
 
 void DeviceCache::set_pool_use_on_oom(PoolId pool, bool use_on_oom) {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
   private_pool(pool, "set_pool_use_on_oom").use_on_oom = use_on_oom;
 }
 
 void DeviceCache::set_pool_no_split(PoolId pool) {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
   private_pool(pool, "set_pool_no_split").no_split = true;
 }
 
@@ -135,7 +137,8 @@ void DeviceCache::erase_empty_freeable_pools() {
 }
 
 std::vector<PoolInfo> DeviceCache::pools() const {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
+  lock_all_shards();
   std::map<const MemoryPool*, PoolInfo> by_pool;
   auto info_of = [&](const MemoryPool* pool) -> PoolInfo& {
     PoolInfo& info = by_pool[pool];

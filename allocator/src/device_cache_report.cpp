@@ -28,7 +28,8 @@ BlockInfo DeviceCache::describe(const Block* block, Clock::time_point now) const
 }
 
 std::vector<SegmentInfo> DeviceCache::segments() const {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
+  lock_all_shards();
   if (trace_ != nullptr) trace_events::snapshot(*trace_, device_, static_cast<std::size_t>(stats_.active_bytes[0].current));
   const auto now = Clock::now();
   std::vector<SegmentInfo> out;
@@ -55,13 +56,13 @@ std::vector<SegmentInfo> DeviceCache::segments() const {
 }
 
 std::size_t DeviceCache::requested_size_of(const void* ptr) const {
-  Lock lock(mutex_);
-  const Block* block = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  DeviceLock lock(*this);
+  const Block* block = const_cast<DeviceCache*>(this)->find_live(reinterpret_cast<std::uintptr_t>(ptr), 0);
   return block == nullptr ? 0 : block->requested;
 }
 
 void DeviceCache::cache_info(std::size_t* largest_free_block, std::size_t* total_cached) const {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
   std::size_t largest = 0;
   std::size_t total = 0;
   default_pool_.free.for_each([&](const Block* b) {  // what an allocation outside routes can take
@@ -73,7 +74,7 @@ void DeviceCache::cache_info(std::size_t* largest_free_block, std::size_t* total
 }
 
 void* DeviceCache::segment_base(const void* ptr, std::size_t* size) const {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
   const Segment* segment = segments_.containing(reinterpret_cast<std::uintptr_t>(ptr));
   if (segment == nullptr) return nullptr;
   if (size) *size = segment->size;
@@ -81,7 +82,7 @@ void* DeviceCache::segment_base(const void* ptr, std::size_t* size) const {
 }
 
 PendingHistory DeviceCache::pending_history() const {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
   PendingHistory history;
   if (aids_ != nullptr) aids_->pending_history(&history);
   return history;
@@ -92,6 +93,7 @@ void DeviceCache::throw_bad_free(const void* ptr, const char* what) const {
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   const std::string prefix = fmt::format("streamalloc: {}({}) on device {}: ", what, ptr, device_);
   const Segment* segment = segments_.containing(address);
+  lock_all_shards();  // the segment's other blocks may be any stream's
   if (segment == nullptr) {
     throw Error(ErrorCode::kInvalidArgument,
                 prefix + "the pointer was not allocated by streamalloc on this device (foreign pointer, or the wrong "

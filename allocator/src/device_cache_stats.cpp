@@ -1,11 +1,18 @@
-// DeviceCache: the stats, copied out and reset. They are updated where blocks change state.
+// DeviceCache: the stats, copied out and reset. They are updated where blocks change state; those the
+// per-stream fast path changes too, under stats_lock_ (docs/design.md, "Locking").
 #include "device_cache.hpp"
 
 namespace streamalloc {
 
+// Under both locks: the device lock keeps the device-locked fields still, stats_lock_ the others,
+// so the copy is one consistent point of the device's history (every fast path before or after it).
 DeviceStats DeviceCache::stats() const {
-  Lock lock(mutex_);
-  DeviceStats copy = stats_;
+  DeviceLock lock(*this);
+  DeviceStats copy;
+  {
+    std::lock_guard<SpinLock> guard(stats_lock_);
+    copy = stats_;
+  }
   for (const auto& [stream, state] : streams_) {
     const StreamPending& p = state->fences.pending_stats();
     if (p.pending_blocks.allocated != 0 || p.pending_blocks.current != 0) copy.per_stream[stream] = p;
@@ -31,12 +38,14 @@ void DeviceCache::for_each_stat(F&& visit) {
 }
 
 void DeviceCache::reset_peak_stats() {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
+  std::lock_guard<SpinLock> guard(stats_lock_);
   for_each_stat([](Stat& s) { s.reset_peak(); });
 }
 
 void DeviceCache::reset_accumulated_stats() {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
+  std::lock_guard<SpinLock> guard(stats_lock_);
   for_each_stat([](Stat& s) { s.reset_accumulated(); });
 #define STREAMALLOC_RESET_COUNT(name, help) stats_.name = 0;
   STREAMALLOC_EVENT_COUNTS(STREAMALLOC_RESET_COUNT)
@@ -44,6 +53,41 @@ void DeviceCache::reset_accumulated_stats() {
 #undef STREAMALLOC_RESET_COUNT
   stats_.free_to_reusable_us.fill(0);
   accumulated_reset_ = true;
+}
+
+}  // namespace streamalloc
+
+namespace streamalloc {
+
+std::int64_t DeviceCache::allocated_bytes_now() const {
+  std::lock_guard<SpinLock> guard(stats_lock_);
+  return stats_.allocated_bytes[0].current;
+}
+
+void DeviceCache::account_allocated(const Block* block, std::size_t requested) {
+  const PoolKind pool = block->segment->pool;
+  const auto size = static_cast<std::int64_t>(block->size);
+  std::lock_guard<SpinLock> guard(stats_lock_);
+  stat_increase(&DeviceStats::allocation, pool, 1);
+  stat_increase(&DeviceStats::allocated_bytes, pool, size);
+  stat_increase(&DeviceStats::requested_bytes, pool, static_cast<std::int64_t>(requested));
+  stat_increase(&DeviceStats::active, pool, 1);
+  stat_increase(&DeviceStats::active_bytes, pool, size);
+}
+
+void DeviceCache::account_freed(const Block* block) {
+  const PoolKind pool = block->segment->pool;
+  std::lock_guard<SpinLock> guard(stats_lock_);
+  stat_decrease(&DeviceStats::allocation, pool, 1);
+  stat_decrease(&DeviceStats::allocated_bytes, pool, static_cast<std::int64_t>(block->size));
+  stat_decrease(&DeviceStats::requested_bytes, pool, static_cast<std::int64_t>(block->requested));
+}
+
+void DeviceCache::account_inactive(const Block* block) {
+  const PoolKind pool = block->segment->pool;
+  std::lock_guard<SpinLock> guard(stats_lock_);
+  stat_decrease(&DeviceStats::active, pool, 1);
+  stat_decrease(&DeviceStats::active_bytes, pool, static_cast<std::int64_t>(block->size));
 }
 
 }  // namespace streamalloc

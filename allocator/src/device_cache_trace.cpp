@@ -5,8 +5,9 @@
 namespace streamalloc {
 
 void DeviceCache::set_trace_sink(TraceSink* sink) {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
   trace_ = sink;
+  update_fast_path();
 }
 
 }  // namespace streamalloc

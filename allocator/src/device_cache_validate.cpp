@@ -32,7 +32,9 @@ void check_stat(int device, const char* name, const Stat& stat, std::int64_t exp
 }  // namespace
 
 void DeviceCache::validate() const {
-  Lock lock(mutex_);
+  DeviceLock lock(*this);
+  lock_all_shards();  // every shard's hot list and live blocks hold still
+  std::lock_guard<SpinLock> stats_guard(stats_lock_);
   struct Totals {
     std::int64_t allocation = 0, segment = 0, active = 0, inactive_split = 0;
     std::int64_t allocated_bytes = 0, reserved_bytes = 0, active_bytes = 0, inactive_split_bytes = 0,
@@ -42,7 +44,7 @@ void DeviceCache::validate() const {
   std::int64_t pending_blocks = 0, pending_bytes = 0, oversize_allocations = 0, oversize_segments = 0;
   auto oversize = [&](std::size_t size) { return size_policy::is_oversize(size, options_); };
   std::size_t free_blocks[2] = {0, 0};  // unsettled, settled
-  std::size_t live_blocks = 0;
+  std::size_t live_blocks = 0, shard_live = 0;
   std::size_t held = 0, held_bytes = 0, hot_blocks = 0, hot_listed = 0;
   std::size_t reserved = 0;
 
@@ -79,11 +81,22 @@ void DeviceCache::validate() const {
       previous = b->settle_seq;
     }
     for (const Block* b : state->hot) {
-      if (!b->hot || b->state != BlockState::kFree || b->stream != stream) {
+      if (!b->hot || !b->in_shard || b->state != BlockState::kFree || b->stream != stream) {
         broken(device_, "hot list of stream " + hex(stream) + " holds block " + hex(b->address) + " that is not parked there");
+      }
+      if (state->live.find(b->address) != nullptr) {
+        broken(device_, "block " + hex(b->address) + " is both live and parked in stream " + hex(stream) + "'s shard");
       }
       ++hot_listed;
     }
+    // The shard's live table: blocks allocated on this stream, each under its own address.
+    state->live.for_each([&, stream = stream](std::uintptr_t address, const Block* b) {
+      if (b->address != address || b->state != BlockState::kAllocated || !b->in_shard || b->stream != stream) {
+        broken(device_, "the live table of stream " + hex(stream) + " holds " + hex(address) +
+                            ", which is not a block allocated on that stream");
+      }
+      ++shard_live;
+    });
     const StreamPending& ps = q->pending_stats();
     const auto& expected = per_stream_pending[stream];
     check_stat(device_, "per-stream pending_blocks", ps.pending_blocks, expected.first, !accumulated_reset_);
@@ -139,7 +152,16 @@ void DeviceCache::validate() const {
       const auto size = static_cast<std::int64_t>(b->size);
       const bool in_unsettled = segment->owner->free.contains_owned(const_cast<Block*>(b));
       const bool in_settled = segment->owner->free.contains_settled(const_cast<Block*>(b));
-      const Block* live = live_.find(b->address);
+      const auto shard = streams_.find(b->stream);
+      const Block* live = shard == streams_.end() ? nullptr : shard->second->live.find(b->address);
+      const bool belongs_in_shard = b->state == BlockState::kAllocated || (b->state == BlockState::kFree && b->hot);
+      if (b->in_shard != belongs_in_shard) {
+        broken(device_, "block " + hex(b->address) + (b->in_shard ? " is marked as in a shard but is neither live nor hot"
+                                                                   : " is live or hot but not marked as in its shard"));
+      }
+      if (b->in_shard && b->split_in_shard != b->is_split()) {
+        broken(device_, "block " + hex(b->address) + " of a shard has a stale split flag");
+      }
       switch (b->state) {
         case BlockState::kAllocated:
           if (live != b) broken(device_, "allocated block " + hex(b->address) + " is not in the live table");
@@ -216,7 +238,7 @@ void DeviceCache::validate() const {
   if (hot_blocks != hot_listed) broken(device_, "a block is marked hot but is in no stream's hot list");
   if (held != 0 && (aids_ == nullptr || !aids_->holds_blocks())) broken(device_, "a block is held but no aid holds blocks");
   if (reserved != segments_.reserved_bytes()) broken(device_, "reserved byte count disagrees with the segments");
-  if (live_blocks != live_.size()) broken(device_, "the live table holds blocks that are not in any segment");
+  if (live_blocks != shard_live) broken(device_, "the live table holds blocks that are not in any segment");
   std::size_t indexed[2] = {0, 0};
   for (const auto& [pool, segments] : pool_segments) {
     if (pool->segments != segments) broken(device_, "a pool's segment count disagrees with its segments");

@@ -54,6 +54,7 @@ class FreeLists {
   // fence (keeping them apart strands settled memory next to every owned block).
   static bool mergeable(const Block* a, const Block* b) {
     if (a == nullptr || b == nullptr) return false;
+    if (a->in_shard || b->in_shard) return false;  // first: a shard's blocks are read under its lock only
     if (a->held || b->held || a->hot || b->hot) return false;
     if (a->state != BlockState::kFree || b->state != BlockState::kFree) return false;
     if (a->settled && b->settled) return true;

@@ -60,6 +60,12 @@ class LiveMap {
   }
 
   std::size_t size() const { return size_; }
+  template <typename F>
+  void for_each(F&& visit) const {  // visit(address, block), in no particular order
+    for (const Slot& slot : slots_) {
+      if (slot.address != 0) visit(slot.address, slot.block);
+    }
+  }
   bool empty() const { return size_ == 0; }
 
  private:

@@ -1,6 +1,8 @@
-// StreamState: what a device cache keeps per stream it has seen: the stream's fences, its hot list,
-// and the settle list of the free blocks it owns. Each concept is local to the stream, so a cache
-// sharded by stream could lock a stream's state on its own.
+// StreamState: what a device cache keeps per stream it has seen, its *shard*: the stream's fences, its
+// hot list, its live blocks, and the settle list of the free blocks it owns. The shard has its own
+// lock, so that the common path (an allocation served from the stream's hot list, a free of a block
+// without other uses back to it) takes that lock alone and never the device lock (docs/design.md,
+// "Locking").
 #pragma once
 
 #include <cstddef>
@@ -8,6 +10,8 @@
 
 #include "block.hpp"
 #include "fence_queue.hpp"
+#include "live_map.hpp"
+#include "spin_lock.hpp"
 
 namespace streamalloc {
 
@@ -24,16 +28,26 @@ class SettleList {
   Block* tail_ = nullptr;
 };
 
+// Which lock guards what (docs/design.md, "Locking"): `lock` guards `hot`, `live` and the blocks in
+// them, and the fence queue's open-batch sequence numbers (the fast path joins the open batch);
+// the device lock guards the rest. Whatever the fast path reads is written only under both locks, so
+// either lock suffices to read it.
 struct StreamState {
   explicit StreamState(Stream stream) : fences(stream) {}
   Stream stream() const { return fences.stream(); }
 
+  // A spin lock: uncontended unless threads share the stream or a device-locked call holds it (then
+  // waiters yield), and one locked instruction per fast path where a std::mutex costs two and a call.
+  SpinLock lock;
   FenceQueue fences;
   // Blocks just freed on this stream, kept unmerged so that the next allocation of the same size takes
   // one back without splitting or merging (the common alloc/free loop). Oldest first.
   static constexpr std::size_t kHotBlocks = 8;
   std::vector<Block*> hot;
-  SettleList settle_list;
+  LiveMap live;            // the blocks allocated on this stream and not freed yet, by address
+  SettleList settle_list;  // device lock only
+  // Device lock only: the device-locked operation now running holds `lock` (DeviceCache::lock_shard).
+  bool locked_by_device = false;
 };
 
 }  // namespace streamalloc

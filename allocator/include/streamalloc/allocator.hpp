@@ -1,5 +1,7 @@
-// Allocator: streamalloc's C++ entry point. One DeviceCache per device, each behind its own mutex, so
-// calls are thread-safe and devices do not contend with each other.
+// Allocator: streamalloc's C++ entry point. One DeviceCache per device, each with its own locks, so
+// calls are thread-safe and devices do not contend with each other; within a device, threads that
+// allocate and free on their own streams mostly take only their stream's lock (docs/design.md,
+// "Locking").
 //
 // The stream rules, in short (docs/design.md, "Stream rules", has all six):
 //  - allocate(size, device, stream) returns memory safe for work enqueued on `stream` from now on.
@@ -40,7 +42,8 @@ class Allocator {
   // Error(kInvalidArgument) for a bad device, Error(kShutdown) after shutdown().
   void* allocate(std::size_t size, int device, Stream stream);
   // `size` must be the requested size or 0 (unknown); `device` must be the block's device or -1
-  // (look it up). Throws Error(kInvalidArgument) for a double free, a foreign pointer, or a wrong
+  // (look it up: the device whose cache has seen `stream` first). Passing the allocation stream lets
+  // the free take that stream's lock alone. Throws Error(kInvalidArgument) for a double free, a foreign pointer, or a wrong
   // size or device, and then changes nothing. A `stream` other than the allocation stream is treated
   // as one more stream the block was used on. nullptr is a no-op.
   void deallocate(void* ptr, std::size_t size = 0, int device = -1, Stream stream = 0);

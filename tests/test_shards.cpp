@@ -1,0 +1,323 @@
+// Per-stream shards (docs/design.md, "Locking"): threads on their own streams churn through their hot
+// lists while others hand blocks across streams, record uses, read stats, poll fences and empty the
+// cache. Between rounds every thread stops (a quiescent point): validate() must hold, including the
+// shards' own invariants, and every current stat must equal what the threads hold. Peaks must be at
+// least every current any thread observed, at most the sum of what each thread could have had live at
+// once, and exactly the recomputed peak when one stream runs alone.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "size_policy.hpp"
+#include "streamalloc/allocator.hpp"
+#include "streamalloc/sim_backend.hpp"
+
+namespace streamalloc {
+namespace {
+
+constexpr int kThreads = 8;
+constexpr int kRounds = 4;
+constexpr int kOpsPerRound = 2500;
+constexpr std::size_t kMaxHeld = 24;
+
+struct Held {
+  std::uint8_t* ptr;
+  std::size_t size;         // requested
+  Stream alloc_stream;
+  int allocated_by;         // the thread whose live-bytes bound counts it
+  std::uint8_t tag;
+};
+
+// Sizes the hot list serves over and over (the fast path), and now and then one that misses it.
+// Small-pool sizes only when `large` is false (their blocks are exactly the rounded size).
+std::size_t churn_size(std::mt19937_64& rng, bool large = true) {
+  static constexpr std::size_t kHot[] = {512, 4 * KiB, 64 * KiB, 200 * KiB};
+  if (rng() % 10 != 0) return kHot[rng() % 4];
+  return large && rng() % 8 == 0 ? 1 * MiB + 512 * (rng() % 2048) : 1 + rng() % (256 * KiB);
+}
+
+class Shards : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SimBackend::Config config;
+    config.mode = SimBackend::Mode::kEager;
+    config.memory_per_device = 4 * GiB;
+    sim_ = std::make_shared<SimBackend>(config);
+    for (int t = 0; t < kThreads; ++t) streams_.push_back(sim_->create_stream(0));
+    options_.backend = BackendKind::kSim;
+    options_.log_level = "error";
+    allocator_ = std::make_unique<Allocator>(options_, sim_);
+  }
+
+  std::size_t rounded(std::size_t requested) const { return size_policy::round_size(requested, options_); }
+  // The most a request's block can hold: a large-pool block is not split when less than a small
+  // segment's worth would remain.
+  std::int64_t most_bytes(std::size_t requested) const {
+    const std::size_t size = rounded(requested);
+    return static_cast<std::int64_t>(size_policy::pool_for(size) == PoolKind::kLarge ? size + size_policy::kSmallSize : size);
+  }
+
+  Options options_;
+  std::shared_ptr<SimBackend> sim_;
+  std::vector<Stream> streams_;
+  std::unique_ptr<Allocator> allocator_;
+};
+
+// What the threads hold between rounds, and what they did, to compare with the stats.
+struct World {
+  std::vector<std::vector<Held>> held;       // [thread]
+  std::vector<std::vector<Held>> mailbox;    // [thread]: blocks handed to it by another thread
+  std::vector<std::mutex> mailbox_lock;
+  std::atomic<std::int64_t> allocations{0};
+  std::atomic<std::int64_t> frees{0};
+  std::atomic<std::int64_t> record_calls{0};
+  std::atomic<std::int64_t> observed_max{0};  // the largest allocated_bytes.all.current any read saw
+  std::atomic<std::int64_t> tag_failures{0};
+  // Per allocating thread: bytes (most_bytes) it allocated that nobody has freed yet, raised before the
+  // allocation and lowered after the free, so their sum bounds the device's allocated bytes at every
+  // instant; and the largest value each reached.
+  std::vector<std::atomic<std::int64_t>> live_bytes;
+  std::vector<std::int64_t> live_bytes_max;  // written by its own thread only
+  std::vector<std::string> failure;
+  explicit World(int threads)
+      : held(threads), mailbox(threads), mailbox_lock(threads), live_bytes(threads), live_bytes_max(threads, 0),
+        failure(threads) {}
+};
+
+TEST_F(Shards, RoundsOfChurnHandoffsAndRecordsKeepEveryStatExact) {
+  World world(kThreads);
+  auto run = [&](int thread, int round) {
+    std::mt19937_64 rng(0x5a4d0000u + static_cast<unsigned>(thread * 131 + round));
+    const Stream own = streams_[static_cast<std::size_t>(thread)];
+    std::vector<Held>& held = world.held[static_cast<std::size_t>(thread)];
+    auto fail = [&](const std::string& what) {
+      if (world.failure[static_cast<std::size_t>(thread)].empty()) {
+        world.failure[static_cast<std::size_t>(thread)] = "thread " + std::to_string(thread) + ": " + what;
+      }
+    };
+    auto check_tag = [&](const Held& b, Stream on) {
+      sim_->enqueue(0, on, [&world, b] {
+        if (b.ptr[0] != b.tag || b.ptr[b.size - 1] != b.tag) world.tag_failures.fetch_add(1);
+      });
+    };
+    // Frees on `on`: the allocation stream (the fast path, when nothing else used it) or another.
+    auto free_held = [&](const Held& b, Stream on) {
+      check_tag(b, on);
+      allocator_->deallocate(b.ptr, rng() % 2 == 0 ? b.size : 0, rng() % 4 == 0 ? -1 : 0, on);
+      world.frees.fetch_add(1);
+      world.live_bytes[static_cast<std::size_t>(b.allocated_by)].fetch_sub(most_bytes(b.size));
+    };
+    for (int op = 0; op < kOpsPerRound; ++op) {
+      const std::uint64_t r = rng() % 1000;
+      try {
+        if (r < 700) {  // churn: allocate, and free right away most of the time (the hot list)
+          const std::size_t size = churn_size(rng);
+          auto& mine = world.live_bytes[static_cast<std::size_t>(thread)];
+          const std::int64_t now = mine.fetch_add(most_bytes(size)) + most_bytes(size);
+          auto& most = world.live_bytes_max[static_cast<std::size_t>(thread)];
+          most = std::max(most, now);
+          auto* ptr = static_cast<std::uint8_t*>(allocator_->allocate(size, 0, own));
+          world.allocations.fetch_add(1);
+          const Held b{ptr, size, own, thread, static_cast<std::uint8_t>(1 + rng() % 254)};
+          sim_->enqueue(0, own, [b] {
+            b.ptr[0] = b.tag;
+            b.ptr[b.size - 1] = b.tag;
+          });
+          if (rng() % 4 != 0 || held.size() >= kMaxHeld) {
+            free_held(b, own);
+          } else {
+            held.push_back(b);
+          }
+        } else if (r < 800 && !held.empty()) {  // free a held block on its allocation stream
+          const std::size_t i = rng() % held.size();
+          const Held b = held[i];
+          held.erase(held.begin() + static_cast<std::ptrdiff_t>(i));
+          free_held(b, b.alloc_stream);
+        } else if (r < 860 && !held.empty()) {  // hand a held block to another thread
+          const std::size_t i = rng() % held.size();
+          const Held b = held[i];
+          held.erase(held.begin() + static_cast<std::ptrdiff_t>(i));
+          const auto to = static_cast<std::size_t>((thread + 1 + static_cast<int>(rng() % (kThreads - 1))) % kThreads);
+          std::lock_guard<std::mutex> guard(world.mailbox_lock[to]);
+          world.mailbox[to].push_back(b);
+        } else if (r < 940) {  // take a handed block: record this stream's use, then free it here or keep it
+          Held b{};
+          {
+            std::lock_guard<std::mutex> guard(world.mailbox_lock[static_cast<std::size_t>(thread)]);
+            auto& box = world.mailbox[static_cast<std::size_t>(thread)];
+            if (box.empty()) continue;
+            b = box.back();
+            box.pop_back();
+          }
+          check_tag(b, own);
+          if (rng() % 2 == 0) {
+            allocator_->record_stream(b.ptr, own);
+            world.record_calls.fetch_add(1);
+          }
+          if (rng() % 2 == 0 && held.size() < kMaxHeld) {
+            held.push_back(b);
+          } else {
+            free_held(b, rng() % 2 == 0 ? own : b.alloc_stream);  // a free on another stream is one more use
+          }
+        } else if (r < 980) {  // a stats read while everything moves
+          const DeviceStats stats = allocator_->stats(0);
+          const std::int64_t current = stats.allocated_bytes[0].current;
+          if (current < 0 || stats.allocated_bytes[0].peak < current || stats.allocation[0].current < 0) {
+            fail("a stats read saw a negative current or a peak below it");
+          }
+          std::int64_t seen = world.observed_max.load();
+          while (current > seen && !world.observed_max.compare_exchange_weak(seen, current)) {
+          }
+        } else if (r < 995) {
+          allocator_->process_fences();
+        } else if (thread == 0) {
+          allocator_->empty_cache();
+        }
+      } catch (const std::exception& e) {
+        fail("op " + std::to_string(op) + ": " + e.what());
+        return;
+      }
+    }
+  };
+
+  std::int64_t bound = 0;  // the sum of per-thread maxima: no instant had more allocated bytes
+  for (int round = 0; round < kRounds; ++round) {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) threads.emplace_back(run, t, round);
+    for (std::thread& thread : threads) thread.join();
+    for (const std::string& failure : world.failure) ASSERT_TRUE(failure.empty()) << failure;
+    SCOPED_TRACE("after round " + std::to_string(round));
+
+    // A quiescent point: the block table, the shards and the stats agree, and the stats are what the
+    // threads hold.
+    ASSERT_NO_THROW(allocator_->validate());
+    std::map<std::uintptr_t, std::size_t> allocated;  // the block table's allocated blocks: address -> size
+    for (const BlockInfo& block : allocator_->blocks(0)) {
+      if (block.state == BlockInfo::State::kAllocated) allocated[block.address] = block.size;
+    }
+    std::int64_t live = 0, bytes = 0, requested = 0;
+    for (const auto* lists : {&world.held, &world.mailbox}) {
+      for (const std::vector<Held>& list : *lists) {
+        for (const Held& b : list) {
+          ++live;
+          const auto block = allocated.find(reinterpret_cast<std::uintptr_t>(b.ptr));
+          ASSERT_NE(block, allocated.end()) << "a block a thread holds is not allocated";
+          bytes += static_cast<std::int64_t>(block->second);
+          requested += static_cast<std::int64_t>(b.size);
+        }
+      }
+    }
+    EXPECT_EQ(static_cast<std::int64_t>(allocated.size()), live) << "allocated blocks nobody holds";
+    const DeviceStats stats = allocator_->stats(0);
+    EXPECT_EQ(world.allocations.load() - world.frees.load(), live);
+    EXPECT_EQ(stats.allocation[0].current, live);
+    EXPECT_EQ(stats.allocation[0].allocated, world.allocations.load());
+    EXPECT_EQ(stats.allocation[0].freed, world.frees.load());
+    EXPECT_EQ(stats.allocated_bytes[0].current, bytes);
+    EXPECT_EQ(stats.requested_bytes[0].current, requested);
+    EXPECT_EQ(stats.allocation[1].current + stats.allocation[2].current, live);
+    EXPECT_EQ(stats.record_stream_calls, world.record_calls.load());
+    EXPECT_EQ(stats.invalid_frees, 0);
+    EXPECT_EQ(stats.num_ooms, 0);
+    bound = 0;
+    for (const std::int64_t most : world.live_bytes_max) bound += most;
+    EXPECT_GE(stats.allocated_bytes[0].peak, world.observed_max.load());
+    EXPECT_GE(stats.allocated_bytes[0].peak, bytes);
+    EXPECT_LE(stats.allocated_bytes[0].peak, bound);
+  }
+  EXPECT_EQ(world.tag_failures.load(), 0) << "a block's bytes changed while a thread owned it";
+  EXPECT_GT(world.record_calls.load(), 0);
+
+  // Everything back: nothing live, nothing pending, every segment released.
+  for (auto* lists : {&world.held, &world.mailbox}) {
+    for (std::vector<Held>& list : *lists) {
+      for (const Held& b : list) allocator_->deallocate(b.ptr, b.size, 0, b.alloc_stream);
+      list.clear();
+    }
+  }
+  allocator_->synchronize_fences();
+  allocator_->empty_cache();
+  ASSERT_NO_THROW(allocator_->validate());
+  const DeviceStats stats = allocator_->stats(0);
+  EXPECT_EQ(stats.allocation[0].current, 0);
+  EXPECT_EQ(stats.allocated_bytes[0].current, 0);
+  EXPECT_EQ(stats.active[0].current, 0);
+  EXPECT_EQ(stats.pending_blocks.current, 0);
+  EXPECT_EQ(stats.reserved_bytes[0].current, 0);
+  EXPECT_EQ(sim_->reserved_bytes(0), 0u);
+}
+
+// With one stream running, the peak of the aggregate is the recomputed running maximum, byte for
+// byte, whether the calls took the fast path or not; reset_peak_stats starts it over from current.
+TEST_F(Shards, PeakIsTheRecomputedMaximumWhenOneStreamRuns) {
+  std::mt19937_64 rng(7);
+  const Stream stream = streams_[0];
+  std::vector<std::pair<void*, std::size_t>> held;
+  std::int64_t current = 0, peak = 0;
+  for (int op = 0; op < 4000; ++op) {
+    if (held.size() < 16 && rng() % 2 == 0) {
+      const std::size_t size = churn_size(rng, /*large=*/false);
+      held.emplace_back(allocator_->allocate(size, 0, stream), size);
+      current += static_cast<std::int64_t>(rounded(size));
+      peak = std::max(peak, current);
+    } else if (!held.empty()) {
+      const std::size_t i = rng() % held.size();
+      allocator_->deallocate(held[i].first, held[i].second, 0, stream);
+      current -= static_cast<std::int64_t>(rounded(held[i].second));
+      held.erase(held.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    if (op == 2000) {
+      allocator_->reset_peak_stats(0);
+      peak = current;
+    }
+  }
+  const DeviceStats stats = allocator_->stats(0);
+  EXPECT_EQ(stats.allocated_bytes[0].current, current);
+  EXPECT_EQ(stats.allocated_bytes[0].peak, peak);
+  ASSERT_NO_THROW(allocator_->validate());
+  for (const auto& [ptr, size] : held) allocator_->deallocate(ptr, size, 0, stream);
+}
+
+// The fast path's refusals: each case goes to the device-locked path and ends as it did before.
+TEST_F(Shards, FreesTheFastPathCannotFinishEndAsBefore) {
+  const Stream a = streams_[0], b = streams_[1];
+  void* warm = allocator_->allocate(4 * KiB, 0, a);
+  allocator_->deallocate(warm, 4 * KiB, 0, a);  // parked in a's hot list
+
+  // A wrong size: refused, nothing changes, the block stays live and can be freed right.
+  void* p = allocator_->allocate(4 * KiB, 0, a);
+  EXPECT_EQ(p, warm) << "the hot list serves the same size";
+  EXPECT_THROW(allocator_->deallocate(p, 8 * KiB, 0, a), Error);
+  EXPECT_EQ(allocator_->stats(0).allocation[0].current, 1);
+  allocator_->deallocate(p, 4 * KiB, 0, a);
+  // A double free of a parked block: the error names it, nothing changes.
+  try {
+    allocator_->deallocate(p, 4 * KiB, 0, a);
+    FAIL() << "a double free was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("double free"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(allocator_->stats(0).invalid_frees, 2);
+  ASSERT_NO_THROW(allocator_->validate());
+
+  // A free on another stream than the allocation stream: one more use, so the block waits for a fence.
+  void* q = allocator_->allocate(4 * KiB, 0, a);
+  allocator_->deallocate(q, 4 * KiB, 0, b);
+  EXPECT_EQ(allocator_->stats(0).pending_blocks.current, 1);
+  ASSERT_NO_THROW(allocator_->validate());
+  allocator_->synchronize_fences();
+  EXPECT_EQ(allocator_->stats(0).pending_blocks.current, 0);
+  ASSERT_NO_THROW(allocator_->validate());
+}
+
+}  // namespace
+}  // namespace streamalloc
