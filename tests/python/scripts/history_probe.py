@@ -82,7 +82,9 @@ def snapshot_shape():
     free_here(tensors)
     entries = trace()
     mine = entries_at(entries, address)
-    keys_ok = all({"action", "size", "stream", "time_us", "frames"} <= set(e) for e in entries)
+    # Every entry has PyTorch's keys; a block's entries have frames too (snapshot and oom entries need not).
+    keys_ok = all({"action", "addr", "size", "stream", "time_us"} <= set(e) for e in entries) and all(
+        "frames" in e for e in entries if e["action"] in ("alloc", "free_requested", "free_completed"))
     times = [e["time_us"] for e in entries]
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "snap.pickle")
@@ -158,7 +160,7 @@ def free_stack(context: str):
     mine = entries_at(trace(), address)
     requested = [e for e in mine if e["action"] == "free_requested"]
     return {"free_frames_here": bool(requested) and "free_here" in frame_names(requested[0]),
-            "free_frames": len(requested[0].get("frames", [])) if requested else -1}
+            "alloc_frames_on_free": bool(requested) and "allocate_here" in frame_names(requested[0])}
 
 
 def free_segment_stack():
