@@ -323,4 +323,30 @@ TEST(History, SnapshotJsonCarriesTheTracesInPyTorchsShape) {
 }
 
 }  // namespace
+// Not history, but the same cross-stream story seen in the stats: PyTorch counts a freed block's
+// requested bytes until its events complete (requested_bytes follows active blocks), and so does
+// streamalloc.
+TEST(PendingStats, RequestedBytesStayCountedUntilTheFenceCompletes) {
+  SimSetup s("");
+  const Stream producer = s.sim->create_stream();
+  const Stream consumer = s.sim->create_stream();
+  void* p = s.a().allocate(3000, 0, producer);
+  s.a().record_stream(p, consumer);
+  s.sim->enqueue(0, consumer, [] {});  // busy: the fence cannot complete yet
+  s.a().deallocate(p, 3000, 0, producer);
+  s.a().process_fences();
+  DeviceStats stats = s.a().stats(0);
+  EXPECT_EQ(stats.allocated_bytes[0].current, 0);
+  EXPECT_EQ(stats.requested_bytes[0].current, 3000);
+  EXPECT_EQ(stats.active_bytes[0].current, 3072);
+  s.a().validate();
+  s.sim->synchronize_stream(0, consumer);
+  s.a().process_fences();
+  stats = s.a().stats(0);
+  EXPECT_EQ(stats.requested_bytes[0].current, 0);
+  EXPECT_EQ(stats.requested_bytes[0].freed, 3000);
+  EXPECT_EQ(stats.active_bytes[0].current, 0);
+  s.a().validate();
+}
+
 }  // namespace streamalloc

@@ -307,7 +307,7 @@ class DeviceCache {
   }
   void account_allocated(const Block* block, std::size_t requested);  // handed out (and active)
   void account_freed(const Block* block);                             // no longer allocated
-  void account_inactive(const Block* block);                          // no longer active
+  void account_inactive(Block* block);  // no longer active: its requested bytes leave the stats
   void account_parked(Block* block);  // freed to its stream's hot list: freed, inactive, inactive split
   void account_unparked(Block* block, std::size_t requested);  // taken from it: allocated
   std::int64_t allocated_bytes_now() const;

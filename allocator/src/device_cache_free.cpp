@@ -54,7 +54,6 @@ void DeviceCache::free_live(Block* block) {
   if (size_policy::is_oversize(block->size, options_)) stats_.oversize_allocations.decrease(1);
   if (aids_ != nullptr) aids_->on_free(*block);
   if (trace_ != nullptr) trace_events::free_requested(*trace_, device_, *block);
-  block->requested = 0;
   if (block->recorded_streams.empty()) {
     block->since = coarse_now();
     if (aids_ != nullptr) aids_->on_reusable(*block);  // free_to_owner fences whatever an aid enqueued

@@ -43,10 +43,8 @@ std::vector<SegmentInfo> DeviceCache::segments() const {
     info.stream = segment->stream;
     info.pool = segment->owner->id;
     for (const Block* b = segment->head; b != nullptr; b = b->next) {
-      if (b->state == BlockState::kAllocated) {
-        info.allocated_size += b->size;
-        info.requested_size += b->requested;
-      }
+      if (b->state == BlockState::kAllocated) info.allocated_size += b->size;
+      info.requested_size += b->requested;  // allocated and pending blocks (free ones have none)
       if (b->state != BlockState::kFree) info.active_size += b->size;
       info.blocks.push_back(describe(b, now));
     }

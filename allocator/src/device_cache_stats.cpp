@@ -80,14 +80,17 @@ void DeviceCache::account_freed(const Block* block) {
   std::lock_guard<SpinLock> guard(stats_lock_);
   stat_decrease(&DeviceStats::allocation, pool, 1);
   stat_decrease(&DeviceStats::allocated_bytes, pool, static_cast<std::int64_t>(block->size));
-  stat_decrease(&DeviceStats::requested_bytes, pool, static_cast<std::int64_t>(block->requested));
 }
 
-void DeviceCache::account_inactive(const Block* block) {
+// Requested bytes stay counted while a freed block is pending, as PyTorch counts them until the
+// block's events complete (requested_bytes follows active blocks, not allocated ones).
+void DeviceCache::account_inactive(Block* block) {
   const PoolKind pool = block->segment->pool;
   std::lock_guard<SpinLock> guard(stats_lock_);
   stat_decrease(&DeviceStats::active, pool, 1);
   stat_decrease(&DeviceStats::active_bytes, pool, static_cast<std::int64_t>(block->size));
+  stat_decrease(&DeviceStats::requested_bytes, pool, static_cast<std::int64_t>(block->requested));
+  block->requested = 0;
 }
 
 }  // namespace streamalloc

@@ -185,6 +185,7 @@ void DeviceCache::validate() const {
           }
           pending_blocks += 1;
           pending_bytes += size;
+          t.requested_bytes += static_cast<std::int64_t>(b->requested);  // counted until inactive
           t.active += 1;
           t.active_bytes += size;
           break;

@@ -439,9 +439,6 @@ def test_record_memory_history():
     native, ours = both("record_memory_history")
     assert native["enable"] is None, native
     assert native["disable"] is None and ours["disable"] is None, (native, ours)
-    if ours["enable"] is not None and "does not record allocation history" in ours["enable"]["message"]:
-        pytest.xfail("streamalloc refuses _record_memory_history (docs/pytorch.md, Limitations): "
-                     f"{ours['enable']['type']}")
     assert ours["enable"] is None, ours
     assert_same(native["trace_keys"], ours["trace_keys"], "device_traces entries' keys")
     # The actions of a block's life must all be traced; PyTorch's also traces segment and snapshot
