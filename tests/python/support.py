@@ -66,3 +66,55 @@ def last_json(result: subprocess.CompletedProcess) -> dict:
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     assert lines, f"no JSON result; stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     return json.loads(lines[-1])
+
+
+class ProbeRun:
+    """One run of a GPU probe script (scripts/*_probe.py): its JSON result (None if it printed none),
+    stdout, stderr and exit status. The probes report named behaviours (or sections) under `group`,
+    each as its facts or as {"error": traceback}."""
+
+    def __init__(self, argv: list[str], result: subprocess.CompletedProcess, group: str = "behaviours"):
+        self.argv = argv
+        self.group = group
+        self.returncode = result.returncode
+        self.stdout = result.stdout
+        self.stderr = result.stderr
+        try:
+            self.out = last_json(result)
+        except (AssertionError, ValueError):
+            self.out = None
+
+    def tails(self) -> str:
+        return (f"{' '.join(self.argv)} exited {self.returncode}\n--- stdout (tail)\n{self.stdout[-3000:]}"
+                f"\n--- stderr (tail)\n{self.stderr[-6000:]}")
+
+    def result(self) -> dict:
+        assert self.returncode == 0 and self.out is not None, self.tails()
+        return self.out
+
+    def facts(self, name: str) -> dict:
+        """What one behaviour reported; fails with its traceback and the child's stderr if it raised."""
+        group = self.result()[self.group]
+        assert name in group, f"{name!r} missing\n{self.tails()}"
+        facts = group[name]
+        if isinstance(facts, dict) and isinstance(facts.get("error"), str):
+            pytest.fail(f"{name} raised under {self.out.get('allocator')}:\n{facts['error']}\n{self.tails()}")
+        return facts
+
+
+def run_probe(script: str, allocator: str, args: tuple = (), group: str = "behaviours",
+              timeout: float = 300) -> ProbeRun:
+    """scripts/SCRIPT under PyTorch's allocator ("native"), under streamalloc's extension path
+    ("streamalloc", `python -m streamalloc`), or with the script's own `--stock` flag ("stock")."""
+    argv = [str(SCRIPTS / script), *args]
+    env = {}
+    if allocator == "streamalloc":
+        argv = ["-m", "streamalloc", *argv]
+        env["STREAMALLOC_TORCH_PATH"] = "extension"
+    elif allocator == "stock":
+        argv = [*argv, "--stock"]
+    run = ProbeRun(argv, run_python(argv, env=env, timeout=timeout), group)
+    if run.out is not None and allocator in ("native", "streamalloc"):
+        expected = "extension" if allocator == "streamalloc" else "native"
+        assert run.out["allocator"] == expected, run.tails()
+    return run

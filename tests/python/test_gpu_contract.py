@@ -25,7 +25,7 @@ import math
 
 import pytest
 
-from support import SCRIPTS, last_json, requires_cuda, requires_extension, requires_native, run_python
+from support import ProbeRun, requires_cuda, requires_extension, requires_native, run_probe
 
 pytestmark = [requires_cuda, requires_native]
 
@@ -33,57 +33,14 @@ ALLOCATORS = [pytest.param("native", id="native"),
               pytest.param("streamalloc", id="streamalloc", marks=requires_extension)]
 
 
-class Run:
-    """One probe process: its JSON result (None if it printed none), stdout, stderr and exit status."""
-
-    def __init__(self, argv, result, group: str):
-        self.argv = argv
-        self.group = group  # "behaviours" or "sections"
-        self.returncode = result.returncode
-        self.stdout = result.stdout
-        self.stderr = result.stderr
-        try:
-            self.out = last_json(result)
-        except (AssertionError, ValueError):
-            self.out = None
-
-    def tails(self) -> str:
-        return (f"{' '.join(self.argv)} exited {self.returncode}\n--- stdout (tail)\n{self.stdout[-3000:]}"
-                f"\n--- stderr (tail)\n{self.stderr[-6000:]}")
-
-    def facts(self, name: str) -> dict:
-        """What one behaviour or section reported; fails with its traceback if it raised."""
-        assert self.returncode == 0 and self.out is not None, self.tails()
-        group = self.out[self.group]
-        assert name in group, f"{name!r} missing\n{self.tails()}"
-        facts = group[name]
-        if isinstance(facts, dict) and "error" in facts and isinstance(facts["error"], str):
-            pytest.fail(f"{name} raised under {self.out.get('allocator')}:\n{facts['error']}\n{self.tails()}")
-        return facts
-
-
-def _launch(script: str, group: str, allocator: str) -> Run:
-    argv = [str(SCRIPTS / script)]
-    env = {}
-    if allocator == "streamalloc":
-        argv = ["-m", "streamalloc", *argv]
-        env["STREAMALLOC_TORCH_PATH"] = "extension"
-    run = Run(argv, run_python(argv, env=env, timeout=300), group)
-    if allocator == "streamalloc" and run.out is not None:
-        assert run.out["allocator"] == "extension", run.tails()
-    if allocator == "native" and run.out is not None:
-        assert run.out["allocator"] == "native", run.tails()
-    return run
+@functools.lru_cache(maxsize=None)
+def contract(allocator: str) -> ProbeRun:
+    return run_probe("contract_probe.py", allocator)
 
 
 @functools.lru_cache(maxsize=None)
-def contract(allocator: str) -> Run:
-    return _launch("contract_probe.py", "behaviours", allocator)
-
-
-@functools.lru_cache(maxsize=None)
-def parity(allocator: str) -> Run:
-    return _launch("parity_probe.py", "sections", allocator)
+def parity(allocator: str) -> ProbeRun:
+    return run_probe("parity_probe.py", allocator, group="sections")
 
 
 def close(got: float, want: float) -> bool:

@@ -22,7 +22,7 @@ import math
 
 import pytest
 
-from support import SCRIPTS, last_json, requires_cuda, requires_extension, requires_native, run_python
+from support import ProbeRun, requires_cuda, requires_extension, requires_native, run_probe
 
 pytestmark = [requires_cuda, requires_native]
 
@@ -31,56 +31,14 @@ ALLOCATORS = [pytest.param("native", id="native"),
               pytest.param("streamalloc", id="streamalloc", marks=requires_extension)]
 
 
-class Run:
-    """One probe process: its JSON result (None if it printed none), stdout, stderr and exit status."""
-
-    def __init__(self, argv, result):
-        self.argv = argv
-        self.returncode = result.returncode
-        self.stdout = result.stdout
-        self.stderr = result.stderr
-        try:
-            self.out = last_json(result)
-        except (AssertionError, ValueError):
-            self.out = None
-
-    def tails(self) -> str:
-        return (f"{' '.join(self.argv)} exited {self.returncode}\n--- stdout (tail)\n{self.stdout[-3000:]}"
-                f"\n--- stderr (tail)\n{self.stderr[-6000:]}")
-
-    def result(self) -> dict:
-        assert self.returncode == 0 and self.out is not None, self.tails()
-        return self.out
-
-    def facts(self, name: str) -> dict:
-        """The facts one behaviour reported; fails with its traceback and the child's stderr if it raised."""
-        behaviours = self.result()["behaviours"]
-        assert name in behaviours, f"behaviour {name!r} missing\n{self.tails()}"
-        facts = behaviours[name]
-        if isinstance(facts, dict) and "error" in facts:
-            pytest.fail(f"{name} raised under {self.out.get('allocator')}:\n{facts['error']}\n{self.tails()}")
-        return facts
-
-
-def _launch(script: str, args: tuple, allocator: str, timeout: float) -> Run:
-    argv = [str(SCRIPTS / script), *args]
-    env = {}
-    if allocator == "streamalloc":
-        argv = ["-m", "streamalloc", *argv]
-        env["STREAMALLOC_TORCH_PATH"] = "extension"
-    elif allocator == "stock":
-        argv = [*argv, "--stock"]
-    return Run(argv, run_python(argv, env=env, timeout=timeout))
+@functools.lru_cache(maxsize=None)
+def probe(case: str, allocator: str) -> ProbeRun:
+    return run_probe("graphs_probe.py", allocator, (case,), timeout=600)
 
 
 @functools.lru_cache(maxsize=None)
-def probe(case: str, allocator: str) -> Run:
-    return _launch("graphs_probe.py", (case,), allocator, timeout=600)
-
-
-@functools.lru_cache(maxsize=None)
-def compile_probe(allocator: str) -> Run:
-    return _launch("compile_probe.py", (), allocator, timeout=1500)
+def compile_probe(allocator: str) -> ProbeRun:
+    return run_probe("compile_probe.py", allocator, timeout=1500)
 
 
 def facts(case: str, allocator: str, name: str) -> dict:

@@ -16,7 +16,7 @@ import functools
 
 import pytest
 
-from support import SCRIPTS, last_json, requires_cuda, requires_extension, requires_native, run_python
+from support import ProbeRun, requires_cuda, requires_extension, requires_native, run_probe
 
 pytestmark = [requires_cuda, requires_native]
 
@@ -25,28 +25,12 @@ ALLOCATORS = [pytest.param("native", id="native"),
 
 
 @functools.lru_cache(maxsize=None)
-def probe(allocator: str):
-    argv = [str(SCRIPTS / "history_probe.py")]
-    env = {}
-    if allocator == "streamalloc":
-        argv = ["-m", "streamalloc", *argv]
-        env["STREAMALLOC_TORCH_PATH"] = "extension"
-    result = run_python(argv, env=env, timeout=600)
-    tails = f"{' '.join(argv)} exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
-    assert result.returncode == 0, tails
-    out = last_json(result)
-    if allocator == "streamalloc":
-        assert out["allocator"] == "extension", tails
-    return out, tails
+def probe(allocator: str) -> ProbeRun:
+    return run_probe("history_probe.py", allocator, timeout=600)
 
 
 def facts(allocator: str, name: str) -> dict:
-    out, tails = probe(allocator)
-    got = out["behaviours"].get(name)
-    assert got is not None, f"behaviour {name!r} missing\n{tails}"
-    if "error" in got:
-        pytest.fail(f"{name} raised under {allocator}:\n{got['error']}\n{tails}")
-    return got
+    return probe(allocator).facts(name)
 
 
 def block_actions(f: dict) -> list[str]:

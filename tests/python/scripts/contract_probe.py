@@ -14,12 +14,11 @@ project's own, of the behaviour each upstream test observes; test_gpu_contract.p
 
 import gc
 import statistics
-import traceback
 
 import torch
 from torch import nn
 
-from _common import emit
+from _common import behaviour as run_behaviour, emit
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -28,21 +27,8 @@ GiB = 1 << 30
 # ---- helpers ----
 
 def behaviour(results: dict, name: str, fn) -> None:
-    """Run one behaviour; its facts, or the error it raised, go under results[name]. The device is
-    synchronised and the cache emptied after each, so one behaviour's leftovers do not become the
-    next one's state."""
-    try:
-        facts = fn()
-    except Exception:  # noqa: BLE001  (reported to the test, which shows it)
-        facts = {"error": traceback.format_exc()}
-    finally:
-        try:
-            torch.cuda.synchronize()
-            gc.collect()
-            torch.cuda.empty_cache()
-        except Exception:  # noqa: BLE001
-            pass
-    results[name] = facts
+    """One behaviour (_common.behaviour), then the cache emptied."""
+    run_behaviour(results, name, fn, after=lambda: (gc.collect(), torch.cuda.empty_cache()))
 
 
 def measure_cycles_per_ms() -> float:

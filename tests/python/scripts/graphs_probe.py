@@ -21,30 +21,16 @@ import os
 import sys
 import tempfile
 import threading
-import traceback
 
 import torch
 from torch import nn
 
-from _common import emit
+from _common import behaviour, emit
 
 MiB = 1 << 20
 
 
 # ---- helpers ----
-
-def behaviour(results: dict, name: str, fn) -> None:
-    """Run one behaviour; its facts, or the error it raised, go under results[name]."""
-    try:
-        facts = fn()
-    except Exception:  # noqa: BLE001  (reported to the test, which shows it)
-        facts = {"error": traceback.format_exc()}
-    finally:
-        try:
-            torch.cuda.synchronize()
-        except Exception:  # noqa: BLE001
-            pass
-    results[name] = facts
 
 
 def close(actual: torch.Tensor, expected: torch.Tensor, **tolerances) -> dict:

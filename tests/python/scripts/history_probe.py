@@ -13,27 +13,20 @@ import pickle
 import subprocess
 import sys
 import tempfile
-import traceback
 
 import torch
 from torch.cuda import _memory_viz
 
-from _common import emit
+from _common import behaviour as run_behaviour, emit
 
 MiB = 1 << 20
 THIS_FILE = os.path.basename(__file__)
 
 
 def behaviour(results: dict, name: str, fn) -> None:
-    try:
-        facts = fn()
-    except Exception:  # noqa: BLE001  (reported to the test, which shows it)
-        facts = {"error": traceback.format_exc()}
-    finally:
-        torch.cuda.memory._record_memory_history(None)
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-    results[name] = facts
+    """One behaviour (_common.behaviour), then the history off and the cache emptied."""
+    run_behaviour(results, name, fn,
+                  after=lambda: (torch.cuda.memory._record_memory_history(None), torch.cuda.empty_cache()))
 
 
 def trace() -> list:
