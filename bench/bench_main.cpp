@@ -22,6 +22,7 @@
 
 #include "peer.hpp"
 #include "scenario.hpp"
+#include "split_list.hpp"
 
 namespace streamalloc::bench {
 
@@ -177,18 +178,6 @@ class SummaryReporter final : public benchmark::BenchmarkReporter {
   std::map<std::string, std::map<std::string, double>> times_;
 };
 
-std::vector<std::string> split(const std::string& text) {
-  std::vector<std::string> out;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    std::size_t end = text.find(',', start);
-    if (end == std::string::npos) end = text.size();
-    if (end > start) out.push_back(text.substr(start, end - start));
-    start = end + 1;
-  }
-  return out;
-}
-
 void print_usage() {
   std::printf(
       "streamalloc_bench: allocator benchmarks, streamalloc side by side with its peers.\n"
@@ -235,7 +224,7 @@ Flags parse_own_flags(int* argc, char** argv) {
     } else if (const char* conf = value_of("--conf=")) {
       flags.peers.streamalloc_conf = conf;
     } else if (const char* names = value_of("--peers=")) {
-      flags.peers.names = split(names);
+      flags.peers.names = split_list(names);
     } else {
       if (arg == "--help" || arg == "-h") print_usage();
       argv[kept++] = argv[i];

@@ -51,6 +51,7 @@
 
 #include "inference_allocators.hpp"
 #include "inference_models.hpp"
+#include "split_list.hpp"
 
 namespace streamalloc::bench {
 namespace {
@@ -75,18 +76,6 @@ struct Flags {
 [[noreturn]] void usage_error(const std::string& message) {
   std::fprintf(stderr, "streamalloc_inference_server: %s\n(--help lists the flags)\n", message.c_str());
   std::exit(2);
-}
-
-std::vector<std::string> split(const std::string& text) {
-  std::vector<std::string> out;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    std::size_t end = text.find(',', start);
-    if (end == std::string::npos) end = text.size();
-    if (end > start) out.push_back(text.substr(start, end - start));
-    start = end + 1;
-  }
-  return out;
 }
 
 double positive_number(const std::string& flag, const std::string& text) {
@@ -132,10 +121,10 @@ Flags parse_flags(int argc, char** argv) {
     } else if (key == "--threads") {
       need_value();
       flags.threads.clear();
-      for (const std::string& t : split(value)) flags.threads.push_back(positive_int("--threads", t));
+      for (const std::string& t : split_list(value)) flags.threads.push_back(positive_int("--threads", t));
     } else if (key == "--models") {
       need_value();
-      flags.models = split(value);
+      flags.models = split_list(value);
     } else if (key == "--max-batch") {
       need_value();
       flags.max_batch = positive_int(key, value);

@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include "expect_error.hpp"
+
 namespace streamalloc {
 namespace {
 
@@ -29,20 +31,7 @@ SimBackend::Config eager_config() {
   return config;
 }
 
-// Runs `fn`, expecting Error(kBackend) whose message contains every one of `fragments`.
-template <typename Fn>
-void expect_backend_error(Fn fn, const std::vector<std::string>& fragments) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected streamalloc::Error(kBackend)";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kBackend) << e.what();
-    for (const std::string& fragment : fragments) {
-      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos)
-          << "message \"" << e.what() << "\" lacks \"" << fragment << "\"";
-    }
-  }
-}
+using testing::expect_backend_error;
 
 TEST(SimBackendMemory, ReserveReleaseAndMemoryInfo) {
   SimBackend sim(manual_config(2, 10 * MiB));

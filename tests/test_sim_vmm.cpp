@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "fault_backend.hpp"
 #include "streamalloc/sim_backend.hpp"
 
@@ -31,20 +32,7 @@ SimBackend::Config vm_config(std::size_t memory = 64 * MiB, SimBackend::Mode mod
 
 char* at(void* base, std::size_t offset) { return static_cast<char*>(base) + offset; }
 
-// Runs `fn`, expecting Error(kBackend) whose message contains every one of `fragments`.
-template <typename Fn>
-void expect_backend_error(Fn fn, const std::vector<std::string>& fragments) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected streamalloc::Error(kBackend)";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kBackend) << e.what();
-    for (const std::string& fragment : fragments) {
-      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos)
-          << "message \"" << e.what() << "\" lacks \"" << fragment << "\"";
-    }
-  }
-}
+using testing::expect_backend_error;
 
 // What a map or unmap may change, to check that a failed or refused one changed nothing.
 struct MemoryView {
