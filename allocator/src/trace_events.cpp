@@ -17,16 +17,22 @@ std::int64_t unix_us(Clock::time_point when, std::int64_t unix_now, Clock::time_
   return unix_now - std::chrono::duration_cast<std::chrono::microseconds>(steady_now - when).count();
 }
 
-TraceEntry entry_for(TraceAction action, int device, const Block& block) {
+// Every entry: what happened, where, now.
+TraceEntry make_entry(TraceAction action, int device, std::uintptr_t address, std::size_t size, Stream stream,
+                      PoolId pool) {
   TraceEntry entry;
   entry.action = action;
   entry.device = device;
-  entry.address = block.address;
-  entry.size = block.size;
-  entry.stream = block.stream;
-  entry.pool = block.segment->owner->id;
+  entry.address = address;
+  entry.size = size;
+  entry.stream = stream;
+  entry.pool = pool;
   entry.time_us = unix_now_us();
   return entry;
+}
+
+TraceEntry entry_for(TraceAction action, int device, const Block& block) {
+  return make_entry(action, device, block.address, block.size, block.stream, block.segment->owner->id);
 }
 
 }  // namespace
@@ -61,15 +67,7 @@ void fenced_free_completed(TraceSink& sink, int device, const Block& block, Stre
 }
 
 void segment(TraceSink& sink, TraceAction action, int device, const Segment& segment) {
-  TraceEntry entry;
-  entry.action = action;
-  entry.device = device;
-  entry.address = segment.address;
-  entry.size = segment.size;
-  entry.stream = segment.stream;
-  entry.pool = segment.owner->id;
-  entry.time_us = unix_now_us();
-  sink.record(std::move(entry), true);
+  sink.record(make_entry(action, device, segment.address, segment.size, segment.stream, segment.owner->id), true);
 }
 
 void record_stream(TraceSink& sink, int device, const Block& block, Stream stream) {
@@ -80,24 +78,12 @@ void record_stream(TraceSink& sink, int device, const Block& block, Stream strea
 
 void out_of_memory(TraceSink& sink, int device, std::size_t device_free, std::size_t size, Stream stream,
                    PoolId pool) {
-  TraceEntry entry;
-  entry.action = TraceAction::kOom;
-  entry.device = device;
-  entry.address = device_free;
-  entry.size = size;
-  entry.stream = stream;
-  entry.pool = pool;
-  entry.time_us = unix_now_us();
-  sink.record(std::move(entry), true);
+  // PyTorch's convention: an OOM entry's address is the device's free bytes.
+  sink.record(make_entry(TraceAction::kOom, device, device_free, size, stream, pool), true);
 }
 
 void snapshot(TraceSink& sink, int device, std::size_t active_bytes) {
-  TraceEntry entry;
-  entry.action = TraceAction::kSnapshot;
-  entry.device = device;
-  entry.size = active_bytes;
-  entry.time_us = unix_now_us();
-  sink.record(std::move(entry), true);
+  sink.record(make_entry(TraceAction::kSnapshot, device, 0, active_bytes, 0, PoolId{}), true);
 }
 
 }  // namespace streamalloc::trace_events
