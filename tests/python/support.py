@@ -4,6 +4,7 @@ CUDA runs its body in a fresh interpreter)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -118,3 +119,10 @@ def run_probe(script: str, allocator: str, args: tuple = (), group: str = "behav
         expected = "extension" if allocator == "streamalloc" else "native"
         assert run.out["allocator"] == expected, run.tails()
     return run
+
+
+@functools.lru_cache(maxsize=None)
+def contract_probe(allocator: str) -> ProbeRun:
+    """scripts/contract_probe.py under `allocator`, run once per pytest process: test_gpu_contract.py
+    and test_gpu_history.py both read its facts (one process, graph work first, as a suite runs)."""
+    return run_probe("contract_probe.py", allocator, timeout=900)

@@ -25,7 +25,7 @@ import math
 
 import pytest
 
-from support import ProbeRun, requires_cuda, requires_extension, requires_native, run_probe
+from support import ProbeRun, contract_probe, requires_cuda, requires_extension, requires_native, run_probe
 
 pytestmark = [requires_cuda, requires_native]
 
@@ -33,9 +33,8 @@ ALLOCATORS = [pytest.param("native", id="native"),
               pytest.param("streamalloc", id="streamalloc", marks=requires_extension)]
 
 
-@functools.lru_cache(maxsize=None)
 def contract(allocator: str) -> ProbeRun:
-    return run_probe("contract_probe.py", allocator)
+    return contract_probe(allocator)
 
 
 @functools.lru_cache(maxsize=None)
@@ -97,6 +96,12 @@ def test_graph_work_before_the_behaviours(allocator):
     assert f["total"] == f["expected"] and f["segments_in_pool"] >= 1, f
     f = behaviour(allocator, "graphed_mlp")
     assert all(f["steps_matching_eager"]), f
+    # One process, in suite order: graph work, PyTorch's allocator behaviours, then the allocation
+    # history's (test_gpu_history.py reads the same run).
+    out = contract(allocator).result()
+    order = list(out["behaviours"])
+    graph_work, history = set(out["graph_work"]), set(out["history"])
+    assert set(order[:len(graph_work)]) == graph_work and set(order[-len(history):]) == history, order
 
 
 @pytest.mark.parametrize("allocator", ALLOCATORS)

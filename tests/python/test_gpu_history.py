@@ -1,9 +1,10 @@
 """Allocation history (torch.cuda.memory._record_memory_history, _snapshot's device_traces, memory_viz)
 and the profiler's memory reporting under streamalloc, on a GPU.
 
-scripts/history_probe.py runs every behaviour in one fresh interpreter, started with plain `python`
-(PyTorch's allocator, whose behaviour is the contract) and with `python -m streamalloc`; each test
-asserts the facts for both and compares them where they must agree.
+The behaviours of scripts/history_probe.py run in scripts/contract_probe.py's interpreter, after its CUDA
+graph work and PyTorch's other allocator behaviours, as a test suite would run them; it is started
+with plain `python` (PyTorch's allocator, whose behaviour is the contract) and with
+`python -m streamalloc`; each test asserts the facts for both and compares them where they must agree.
 
 Run on a CUDA machine, after building (the extension needs LibTorch on CMAKE_PREFIX_PATH):
     STREAMALLOC_LIBRARY_DIR=$PWD/build/lib PYTHONPATH=$PWD/torch_plugin \\
@@ -12,11 +13,9 @@ Run on a CUDA machine, after building (the extension needs LibTorch on CMAKE_PRE
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 
-from support import ProbeRun, requires_cuda, requires_extension, requires_native, run_probe
+from support import ProbeRun, contract_probe, requires_cuda, requires_extension, requires_native
 
 pytestmark = [requires_cuda, requires_native]
 
@@ -24,9 +23,8 @@ ALLOCATORS = [pytest.param("native", id="native"),
               pytest.param("streamalloc", id="streamalloc", marks=requires_extension)]
 
 
-@functools.lru_cache(maxsize=None)
 def probe(allocator: str) -> ProbeRun:
-    return run_probe("history_probe.py", allocator, timeout=600)
+    return contract_probe(allocator)
 
 
 def facts(allocator: str, name: str) -> dict:

@@ -6,10 +6,12 @@ CUDA graph work, as a test suite would run them, under any allocator:
 
 The process first captures and replays a CUDA graph with a forked side stream, uses and deletes a
 torch.cuda.MemPool and trains a small MLP through torch.cuda.make_graphed_callables, so that every
-behaviour after it runs on an allocator that has served (and released) private pools. Each behaviour
-then reports the facts it observed, or the traceback of what it raised, under its own key; the last
-stdout line is one JSON object: {"allocator": ..., "behaviours": {name: facts}}. The checks are this
-project's own, of the behaviour each upstream test observes; test_gpu_contract.py holds the bar.
+behaviour after it runs on an allocator that has served (and released) private pools. The
+allocation-history behaviours of history_probe.py (memory snapshots, memory_viz's plots, the
+profiler's memory) run last, in the same process. Each behaviour reports the facts it observed, or the
+traceback of what it raised, under its own key; the last stdout line is one JSON object:
+{"allocator": ..., "behaviours": {name: facts}}. The checks are this project's own, of the behaviour
+each upstream test observes; test_gpu_contract.py and test_gpu_history.py hold the bar.
 """
 
 import gc
@@ -18,6 +20,7 @@ import statistics
 import torch
 from torch import nn
 
+import history_probe
 from _common import behaviour as run_behaviour, emit
 
 MiB = 1 << 20
@@ -536,8 +539,10 @@ def main() -> None:
         behaviour(results, name, fn)
     for name, fn in BEHAVIOURS.items():
         behaviour(results, name, fn)
-    emit({"behaviours": results, "cycles_per_ms": CYCLES_PER_MS,
-          "graph_work": sorted(GRAPH_WORK), "upstream": sorted(BEHAVIOURS)})
+    assert not set(history_probe.BEHAVIOURS) & set(results), "behaviour names must be unique"
+    history_probe.run_all(results)
+    emit({"behaviours": results, "cycles_per_ms": CYCLES_PER_MS, "graph_work": sorted(GRAPH_WORK),
+          "upstream": sorted(BEHAVIOURS), "history": sorted(history_probe.BEHAVIOURS)})
 
 
 if __name__ == "__main__":

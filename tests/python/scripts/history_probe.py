@@ -4,8 +4,9 @@
     python -m streamalloc history_probe.py  # streamalloc
 
 Each behaviour reports the facts it observed (or the traceback of what it raised) under its own key;
-the last stdout line is one JSON object: {"allocator": ..., "behaviours": {name: facts}}. The test
-(test_gpu_history.py) asserts them for each allocator and compares streamalloc's with PyTorch's.
+the last stdout line is one JSON object: {"allocator": ..., "behaviours": {name: facts}}. The tests
+(test_gpu_history.py) take the facts of contract_probe.py, which runs these behaviours after CUDA graph
+work and PyTorch's other allocator behaviours in one process; run alone, this script is for debugging.
 """
 
 import os
@@ -265,23 +266,35 @@ def profiler_memory():
             "profile_plot": len(html) > 1000}
 
 
+# Name -> behaviour, in the order they run; contract_probe.py runs them too, after its graph work and
+# its own behaviours, in the same process.
+BEHAVIOURS = {
+    "snapshot_shape": snapshot_shape,
+    "snapshot_with_cpp": snapshot_with_cpp,
+    "snapshot_script": snapshot_script,
+    "plots": plots,
+    "free_stack_all": lambda: free_stack("all"),
+    "free_stack_alloc": lambda: free_stack("alloc"),
+    "free_segment_stack": free_segment_stack,
+    "history_context_state": lambda: history_context("state"),
+    "history_context_none": lambda: history_context(None),
+    "metadata": metadata,
+    "max_entries": max_entries,
+    "record_stream_free": record_stream_free,
+    "oom_entry": oom_entry,
+    "profiler_memory": profiler_memory,
+}
+
+
+def run_all(results: dict) -> None:
+    for name, fn in BEHAVIOURS.items():
+        behaviour(results, name, fn)
+
+
 def main() -> None:
     torch.cuda.init()
     results = {}
-    behaviour(results, "snapshot_shape", snapshot_shape)
-    behaviour(results, "snapshot_with_cpp", snapshot_with_cpp)
-    behaviour(results, "snapshot_script", snapshot_script)
-    behaviour(results, "plots", plots)
-    behaviour(results, "free_stack_all", lambda: free_stack("all"))
-    behaviour(results, "free_stack_alloc", lambda: free_stack("alloc"))
-    behaviour(results, "free_segment_stack", free_segment_stack)
-    behaviour(results, "history_context_state", lambda: history_context("state"))
-    behaviour(results, "history_context_none", lambda: history_context(None))
-    behaviour(results, "metadata", metadata)
-    behaviour(results, "max_entries", max_entries)
-    behaviour(results, "record_stream_free", record_stream_free)
-    behaviour(results, "oom_entry", oom_entry)
-    behaviour(results, "profiler_memory", profiler_memory)
+    run_all(results)
     emit({"behaviours": results})
 
 
