@@ -82,14 +82,16 @@ demo:
 	@echo
 	@$(RUN_ENV) $(PYTHON) -m streamalloc.report $(BUILD)/demo_pending_history.json --timeline $(BUILD)/demo_timeline.png
 
-# The GPU targets build with the CUDA backend required (configure fails without the toolkit). Without
+# gpu-test: the CPU-only tests in parallel, then the rest (GPU, bench, install) one at a time, as they
+# share the device. The GPU targets build with the CUDA backend required (configure fails without the toolkit). Without
 # network access they build with what is installed.
 GPU_DEPS = .ci/setup-deps $(1) || echo "$@: could not install missing packages (offline?); building with what is here"
 gpu-test:
 	@$(call GPU_DEPS,--torch)
 	$(call build,$(BUILD),$(FULL_ARGS) -DSTREAMALLOC_CUDA=ON)
 	@nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-	ctest --test-dir $(BUILD) --output-on-failure -j 1 --timeout 900
+	ctest --test-dir $(BUILD) --output-on-failure -L cpu -j $(JOBS) --timeout 900
+	ctest --test-dir $(BUILD) --output-on-failure -LE cpu -j 1 --timeout 900
 	$(PYTEST)
 	@echo "gpu-test: GPU tests run (not skipped):"; \
 	  ctest --test-dir $(BUILD) -L gpu -N | tail -1
