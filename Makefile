@@ -82,9 +82,9 @@ demo:
 	@echo
 	@$(RUN_ENV) $(PYTHON) -m streamalloc.report $(BUILD)/demo_pending_history.json --timeline $(BUILD)/demo_timeline.png
 
-# gpu-test: the CPU-only tests in parallel, then the rest (GPU, bench, install) one at a time, as they
-# share the device. The GPU targets build with the CUDA backend required (configure fails without the toolkit). Without
-# network access they build with what is installed.
+# The GPU targets build with the CUDA backend required (configure fails without the toolkit). Without
+# network access they build with what is installed. gpu-test runs the CPU-only tests in parallel, then
+# the rest (GPU, bench, install) one at a time, as they share the device.
 GPU_DEPS = .ci/setup-deps $(1) || echo "$@: could not install missing packages (offline?); building with what is here"
 gpu-test:
 	@$(call GPU_DEPS,--torch)
