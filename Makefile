@@ -46,7 +46,8 @@ help:
 	@echo "make build     set up and build everything (CUDA and the PyTorch plugin where they are found)"
 	@echo "make gpu-test  on a GPU machine: build everything and run every test, GPU and PyTorch included"
 	@echo "make traces    record allocation traces of real workloads (GPU machine, PyTorch)"
-	@echo "make bench     full benchmark run; writes docs/benchmarks.md and plots (build/benchmarks.md without a GPU)"
+	@echo "make bench     full benchmark run; writes docs/benchmarks.md and plots (build/benchmarks.md without a GPU);"
+	@echo "               the trace replays include the expandable-segments peers (torch_expandable, streamalloc_expandable)"
 	@echo "make audit-overhead  what audit/poison/check_sync/quarantine cost on the training loop (GPU machine)"
 	@echo "make detection-rate  how often each debug option catches the prefetch pipeline's bugs, over repeated runs (GPU machine)"
 	@echo "make gpu-sanitize  the GPU suite under compute-sanitizer memcheck"
@@ -116,7 +117,9 @@ gpu-soak:
 traces:
 	$(PYTHON) bench/traces/record_workloads.py
 
-# Full run: the benchmark (3 repetitions, medians), every trace replayed on every peer, the PyTorch-level
+# Full run: the benchmark (3 repetitions, medians), every trace replayed on every peer (`--peers all`: with
+# torch_expandable, PyTorch's allocator under expandable_segments:True in a child process of the replay, and
+# streamalloc_expandable, whose row says "not run" where the option is not in the build), the PyTorch-level
 # loop, the torch.compile(mode="reduce-overhead") loop ($(BUILD)/graphs_bench.md), then docs/benchmarks.md
 # and its plots.
 # The report goes to docs/benchmarks.md only where a GPU ran the peers; elsewhere (simulated rows only)
