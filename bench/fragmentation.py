@@ -367,6 +367,11 @@ def run_child(spec: dict) -> dict:
         torch.cuda.set_per_process_memory_fraction(min(1.0, spec["cap_gib"] * GIB / total), 0)
     out = train(spec)
     torch.cuda.synchronize()
+    if allocator.startswith("streamalloc"):
+        import streamalloc
+
+        out["streamalloc_path"] = streamalloc.active_path()  # "extension" or "c-abi"
+        out["streamalloc_conf"] = streamalloc.enabled_conf()
     out["peak_reserved"], out["peak_allocated"], stats = memory_peaks(allocator)
     out["num_alloc_retries"] = stats.get("num_alloc_retries")
     if spec.get("check_expandable"):
