@@ -37,7 +37,7 @@ $(call configure,$(1),$(2))
 @$(CMAKE) --build $(1) -j $(JOBS) $(if $(3),--target $(3))
 endef
 
-.PHONY: help deps build test demo gpu-test gpu-sanitize gpu-soak traces bench audit-overhead detection-rate test-asan test-tsan fuzz clean
+.PHONY: help deps build test demo gpu-test gpu-sanitize gpu-soak traces bench audit-overhead detection-rate fragmentation test-asan test-tsan fuzz clean
 
 help:
 	@echo "make demo      set up, build what it runs, run the allocation benchmark (streamalloc against each peer"
@@ -46,9 +46,12 @@ help:
 	@echo "make build     set up and build everything (CUDA and the PyTorch plugin where they are found)"
 	@echo "make gpu-test  on a GPU machine: build everything and run every test, GPU and PyTorch included"
 	@echo "make traces    record allocation traces of real workloads (GPU machine, PyTorch)"
-	@echo "make bench     full benchmark run; writes docs/benchmarks.md and plots (build/benchmarks.md without a GPU)"
+	@echo "make bench     full benchmark run; writes docs/benchmarks.md and plots (build/benchmarks.md without a GPU);"
+	@echo "               the trace replays include the expandable-segments peers (torch_expandable, streamalloc_expandable)"
 	@echo "make audit-overhead  what audit/poison/check_sync/quarantine cost on the training loop (GPU machine)"
 	@echo "make detection-rate  how often each debug option catches the prefetch pipeline's bugs, over repeated runs (GPU machine)"
+	@echo "make fragmentation  GPT-2 with random sequence lengths: peaks and largest batch under a cap, PyTorch's allocator and"
+	@echo "               streamalloc, each with and without expandable segments (GPU machine, transformers; ~5 min on an H200)"
 	@echo "make gpu-sanitize  the GPU suite under compute-sanitizer memcheck"
 	@echo "make gpu-soak  on a GPU machine: the pipeline soak (SOAK_SECONDS=600, SOAK_STREAMS=4 stream pairs), every byte checked"
 	@echo "make test-asan / test-tsan   the CPU suite under ASan+UBSan / TSan"
@@ -118,7 +121,9 @@ gpu-soak:
 traces:
 	$(PYTHON) bench/traces/record_workloads.py
 
-# Full run: the benchmark (3 repetitions, medians), every trace replayed on every peer, the PyTorch-level
+# Full run: the benchmark (3 repetitions, medians), every trace replayed on every peer (`--peers all`: with
+# torch_expandable, PyTorch's allocator under expandable_segments:True in a child process of the replay, and
+# streamalloc_expandable, whose row says "not run" where the option is not in the build), the PyTorch-level
 # loop, the torch.compile(mode="reduce-overhead") loop ($(BUILD)/graphs_bench.md), then docs/benchmarks.md
 # and its plots.
 # The report goes to docs/benchmarks.md only where a GPU ran the peers; elsewhere (simulated rows only)
@@ -151,6 +156,16 @@ DETECTION_RUNS ?= 8
 detection-rate:
 	$(RUN_ENV) $(PYTHON) bench/detection_rate.py \
 	  --runs $(DETECTION_RUNS) --json $(BUILD)/detection_rate.json --markdown $(BUILD)/detection_rate.md
+
+# GPT-2 training with a random sequence length per step (bench/fragmentation.py): peak reserved / allocated
+# and ms/step at batch 8, then the largest batch that trains under a 24 GiB cap (bisection, one process per
+# trial), for PyTorch's allocator and streamalloc, each with and without expandable segments (~5 min on an
+# H200). Uses the libraries of an earlier `make build` or `make gpu-test`; needs transformers; skips
+# without a GPU. FRAGMENTATION_ARGS adds options (e.g. --cap-gib 12 --bracket 2:17).
+FRAGMENTATION_ARGS ?=
+fragmentation:
+	$(RUN_ENV) $(PYTHON) bench/fragmentation.py \
+	  --json $(BUILD)/fragmentation.json --markdown $(BUILD)/fragmentation.md $(FRAGMENTATION_ARGS)
 
 # The CPU suite under sanitizers, in build-asan / build-tsan. The runs keep the model fuzzer to 50k ops
 # per case (the full 10^6 run is in `make test`).

@@ -4,7 +4,11 @@
 // Peers (each only where it exists on the machine; docs/benchmarking.md):
 //   streamalloc       streamalloc's C++ Allocator, on the CUDA backend with a GPU, else the simulated device
 //   streamalloc_cabi  the same allocator through the C ABI (libstreamalloc.so), as PyTorch calls it
+//   streamalloc_expandable  streamalloc's C++ Allocator with the run's options plus expandable_segments:true,
+//                     on the same device as streamalloc; only with PeerSelection::expandable_peers
 //   torch_native      PyTorch's CUDACachingAllocator through LibTorch (built with Torch, run with a GPU)
+//   torch_expandable  the same under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, in a child process
+//                     (PeerKind::child); only with PeerSelection::expandable_peers
 //   cudaMallocAsync   the default memory pool with its release threshold at UINT64_MAX (GPU only)
 //   cudaMalloc        no caching at all (GPU only)
 //   rmm_pool, rmm_arena, rmm_binning   RMM's stream-ordered resources (built with RMM, run with a GPU)
@@ -17,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,12 +61,29 @@ class Peer {
   virtual MemoryPeaks peaks() = 0;
 };
 
+// How a peer that needs a process of its own runs: the program runs itself again with
+// `variable`=`value` in its environment (appended to what the variable holds already) and only the peer
+// `runs_as`, and reports that run's row under the peer's own name. PyTorch reads PYTORCH_CUDA_ALLOC_CONF
+// once per process, so its allocator with other settings than this process's is such a peer.
+struct ChildRun {
+  std::string variable;
+  std::string value;
+  std::string runs_as;
+};
+
 // A peer that can be opened: name, device, and a factory.
 struct PeerKind {
-  std::string name;    // streamalloc | streamalloc_cabi | torch_native | cudaMallocAsync | cudaMalloc |
-                       // rmm_pool | rmm_arena | rmm_binning | sim_malloc
+  std::string name;    // streamalloc | streamalloc_cabi | streamalloc_expandable | torch_native |
+                       // torch_expandable | cudaMallocAsync | cudaMalloc | rmm_pool | rmm_arena |
+                       // rmm_binning | sim_malloc
   std::string device;  // "sim" or "cuda": where the peer runs, shown in every result
-  std::function<std::unique_ptr<Peer>()> open;
+  std::function<std::unique_ptr<Peer>()> open;  // empty when `child` is set or `not_run` is not empty
+  // Set when the peer runs in a child process instead (only with PeerSelection::expandable_peers).
+  std::optional<ChildRun> child = std::nullopt;
+  // Why a peer the selection asked for cannot run in this build, for its row of the report ("" when it
+  // runs): a row that says so, not a failure (streamalloc_expandable where streamalloc has no
+  // expandable_segments option).
+  std::string not_run = {};
 
   // "name@device", the peer's part of every benchmark name.
   std::string id() const { return name + "@" + device; }
@@ -79,9 +101,13 @@ struct PeerSelection {
   std::vector<std::string> names;
   // Add sim_malloc when streamalloc runs on the simulated device: the one peer that runs there.
   bool sim_baseline = false;
+  // Offer streamalloc_expandable and torch_expandable, in the default set too. Only a program that runs
+  // PeerKind::child peers and reports PeerKind::not_run rows asks for them (streamalloc_replay).
+  bool expandable_peers = false;
 };
 
-// The peers available in this build on this machine, in a fixed order (streamalloc peers first).
+// The peers available in this build on this machine, in a fixed order (streamalloc peers first; each
+// expandable variant right after its plain peer).
 // Throws std::runtime_error when the selection asks for a device that is not there, names a peer that
 // does not exist or is not available here (the message says which and why), or has bad streamalloc
 // options (streamalloc::Error).

@@ -14,6 +14,9 @@ namespace streamalloc::bench {
 // simulated device.
 PeerKind streamalloc_peer_kind(bool cuda, const std::string& conf);
 PeerKind streamalloc_cabi_peer_kind(bool cuda, const std::string& conf);
+// The C++ Allocator with `conf` plus expandable_segments:true; a not_run kind where streamalloc has no
+// such option.
+PeerKind streamalloc_expandable_peer_kind(bool cuda, const std::string& conf);
 
 // peer_sim.cpp: cudaMalloc-style allocation (no cache, every free waits for the device) on the simulated
 // device; beside streamalloc on the simulated device only, when asked for.
@@ -32,9 +35,13 @@ std::vector<std::pair<std::string, std::string>> cuda_context();
 #endif
 
 #ifdef STREAMALLOC_BENCH_TORCH
-// peer_torch.cpp: PyTorch's native CUDACachingAllocator (needs a GPU at run time).
+// peer_torch.cpp: PyTorch's native CUDACachingAllocator (needs a GPU at run time), in this process and,
+// with expandable segments, in a child process.
 PeerKind torch_native_peer_kind();
+PeerKind torch_expandable_peer_kind();
 std::string torch_version();
+// Whether PyTorch's allocator in this process uses expandable segments (PYTORCH_CUDA_ALLOC_CONF).
+bool torch_expandable_segments();
 #endif
 
 #ifdef STREAMALLOC_BENCH_RMM

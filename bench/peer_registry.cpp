@@ -49,13 +49,20 @@ std::vector<std::pair<std::string, std::string>> peer_names(bool gpu, bool strea
 #endif
   return {{"streamalloc", ""},
           {"streamalloc_cabi", ""},
+          {"streamalloc_expandable", ""},
           {"torch_native", torch_reason},
+          {"torch_expandable", torch_reason},
           {"cudaMallocAsync", cuda_reason},
           {"cudaMalloc", cuda_reason},
           {"rmm_pool", rmm_reason},
           {"rmm_arena", rmm_reason},
           {"rmm_binning", rmm_reason},
           {"sim_malloc", streamalloc_on_cuda ? "runs only beside streamalloc on the simulated device" : ""}};
+}
+
+// The peers only a program that asks for PeerSelection::expandable_peers gets.
+bool is_expandable_variant(const std::string& name) {
+  return name == "streamalloc_expandable" || name == "torch_expandable";
 }
 
 }  // namespace
@@ -92,6 +99,9 @@ std::vector<PeerKind> available_peers(const PeerSelection& selection) {
       throw std::runtime_error("unknown peer '" + wanted + "'; peers are: " + join(known));
     }
     if (!it->second.empty()) throw std::runtime_error("peer '" + wanted + "' is not available here: " + it->second);
+    if (is_expandable_variant(wanted) && !selection.expandable_peers) {
+      throw std::runtime_error("peer '" + wanted + "' is offered by streamalloc_replay only");
+    }
   }
   auto wanted = [&](const std::string& name) {
     return selection.names.empty() ||
@@ -103,8 +113,12 @@ std::vector<PeerKind> available_peers(const PeerSelection& selection) {
   if (wanted("streamalloc_cabi")) {
     peers.push_back(streamalloc_cabi_peer_kind(streamalloc_on_cuda, selection.streamalloc_conf));
   }
+  if (selection.expandable_peers && wanted("streamalloc_expandable")) {
+    peers.push_back(streamalloc_expandable_peer_kind(streamalloc_on_cuda, selection.streamalloc_conf));
+  }
 #ifdef STREAMALLOC_BENCH_TORCH
   if (gpu && wanted("torch_native")) peers.push_back(torch_native_peer_kind());
+  if (gpu && selection.expandable_peers && wanted("torch_expandable")) peers.push_back(torch_expandable_peer_kind());
 #endif
 #ifdef STREAMALLOC_BENCH_CUDA
   if (gpu && wanted("cudaMallocAsync")) peers.push_back(cuda_malloc_async_peer_kind());
@@ -131,6 +145,7 @@ std::vector<std::pair<std::string, std::string>> machine_context() {
 #endif
 #ifdef STREAMALLOC_BENCH_TORCH
   out.emplace_back("torch", torch_version());
+  out.emplace_back("torch_expandable_segments", torch_expandable_segments() ? "yes" : "no");
 #else
   out.emplace_back("torch", "not built");
 #endif

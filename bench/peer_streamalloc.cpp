@@ -38,10 +38,22 @@ Stream cuda_stream(int k) {
 #endif
 }
 
+// The option both PyTorch and streamalloc call expandable_segments.
+constexpr const char* kExpandableOption = "expandable_segments";
+
+bool streamalloc_has_option(const std::string& key) {
+  for (const auto& [name, help] : Options::keys()) {
+    if (name == key) return true;
+  }
+  return false;
+}
+
 class StreamallocPeer final : public Peer {
  public:
-  StreamallocPeer(bool cuda, const std::string& conf) : cuda_(cuda) {
-    const Options options = Options::parse(with_backend(conf, cuda));
+  // `overrides` ("key:value,...") wins over the same keys in `conf`.
+  StreamallocPeer(bool cuda, const std::string& conf, const std::string& overrides = "") : cuda_(cuda) {
+    Options options = Options::parse(with_backend(conf, cuda));
+    if (!overrides.empty()) options.update(overrides, "the peer's own options");
     backend_ = make_backend(options);
     sim_ = std::dynamic_pointer_cast<SimBackend>(backend_);
     allocator_ = std::make_unique<Allocator>(options, backend_);
@@ -173,6 +185,17 @@ class CabiPeer final : public Peer {
 
 PeerKind streamalloc_peer_kind(bool cuda, const std::string& conf) {
   return {"streamalloc", cuda ? "cuda" : "sim", [cuda, conf] { return std::make_unique<StreamallocPeer>(cuda, conf); }};
+}
+
+PeerKind streamalloc_expandable_peer_kind(bool cuda, const std::string& conf) {
+  PeerKind kind{"streamalloc_expandable", cuda ? "cuda" : "sim", {}};
+  if (!streamalloc_has_option(kExpandableOption)) {
+    kind.not_run = "option not available in this build (streamalloc has no expandable_segments option)";
+    return kind;
+  }
+  const std::string overrides = std::string(kExpandableOption) + ":true";
+  kind.open = [cuda, conf, overrides] { return std::make_unique<StreamallocPeer>(cuda, conf, overrides); };
+  return kind;
 }
 
 PeerKind streamalloc_cabi_peer_kind(bool cuda, const std::string& conf) {

@@ -1,7 +1,10 @@
 // PyTorch's native CUDACachingAllocator as a peer, called through LibTorch the way PyTorch calls it:
 // raw_alloc_with_stream / raw_delete, and recordStream on a DataPtr. Built only when CMake found Torch;
 // registered only when a GPU is present. Everything else in bench/ builds without torch.
+// torch_expandable is the same peer in a child process started with expandable segments on: PyTorch
+// reads PYTORCH_CUDA_ALLOC_CONF once, at its allocator's first use, so one process cannot host both.
 #include <ATen/Context.h>
+#include <c10/core/AllocatorConfig.h>
 #include <c10/core/Allocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -88,6 +91,16 @@ PeerKind torch_native_peer_kind() {
   return {"torch_native", "cuda", [] { return std::make_unique<TorchNativePeer>(); }};
 }
 
+PeerKind torch_expandable_peer_kind() {
+  PeerKind kind{"torch_expandable", "cuda", {}};
+  kind.child = ChildRun{"PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True", "torch_native"};
+  return kind;
+}
+
 std::string torch_version() { return TORCH_VERSION; }
+
+bool torch_expandable_segments() {
+  return c10::CachingAllocator::AcceleratorAllocatorConfig::use_expandable_segments();
+}
 
 }  // namespace streamalloc::bench

@@ -3,13 +3,17 @@
 // the trace.
 //
 //   streamalloc_replay TRACE [--backend sim|cuda] [--conf CONF] [--peers all|NAME,...] [--repeats N]
-//                            [--json OUT]
+//                            [--json OUT|-]
 //
 // Each repeat opens the peer afresh with an empty cache and replays the whole trace, timed as one
 // block; time per op is the median over repeats. Peaks are those of the first repeat (a cold start,
 // as in the recording). Blocks the trace never frees (a truncated recording) are freed after timing.
 // No kernels run: a block's fences complete as soon as they are recorded, so pending blocks wait less
 // than in the recorded run (docs/benchmarking.md, "Trace replay").
+//
+// torch_expandable (PyTorch's allocator with expandable segments) needs a process of its own, as PyTorch
+// reads PYTORCH_CUDA_ALLOC_CONF once: the tool runs itself again with that setting, --peers torch_native
+// and --json - (the JSON on stdout, no table), and reports the child's row under torch_expandable.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -22,6 +26,8 @@
 #include <vector>
 
 #include "peer.hpp"
+#include "run_self.hpp"
+#include "split_list.hpp"
 #include "streamalloc/types.hpp"
 #include "trace.hpp"
 
@@ -33,7 +39,9 @@ struct Args {
   PeerSelection peers;
   bool all_peers = false;
   int repeats = 5;
-  std::string json_out;
+  std::string json_out;  // "-": the JSON on stdout instead of the table
+
+  bool json_on_stdout() const { return json_out == "-"; }
 };
 
 struct Result {
@@ -41,6 +49,15 @@ struct Result {
   std::vector<double> ns_per_op;
   MemoryPeaks peaks;
   std::string error;
+  std::string not_run;      // the peer's reason for not running in this build: a row, not a failure
+  std::string environment;  // "VARIABLE=value" the row's child process ran with; "" in this process
+
+  // Peak reserved / peak allocated: how much of what the peer held was in use at its worst; 0 where a
+  // peak is unknown.
+  double reserved_over_allocated() const {
+    if (peaks.reserved <= 0 || peaks.allocated <= 0) return 0.0;
+    return static_cast<double>(peaks.reserved) / static_cast<double>(peaks.allocated);
+  }
 
   double median() const {
     std::vector<double> sorted = ns_per_op;
@@ -54,19 +71,22 @@ struct Result {
   std::fprintf(stderr,
                "%s%s"
                "usage: streamalloc_replay TRACE [--backend sim|cuda] [--conf CONF] [--peers all|NAME,...]\n"
-               "                          [--repeats N] [--json OUT]\n"
+               "                          [--repeats N] [--json OUT|-]\n"
                "  --backend  where streamalloc runs (default: cuda when a GPU is present, else sim)\n"
                "  --conf     streamalloc options, STREAMALLOC_CONF syntax\n"
                "  --peers    streamalloc (default), all, or a list of streamalloc, streamalloc_cabi,\n"
-               "             torch_native, cudaMallocAsync, cudaMalloc\n"
+               "             streamalloc_expandable, torch_native, torch_expandable, cudaMallocAsync,\n"
+               "             cudaMalloc, rmm_pool, rmm_arena, rmm_binning, sim_malloc\n"
                "  --repeats  replays per peer; time is the median (default 5)\n"
-               "  --json     also write the results as JSON (bench/report.py reads it)\n",
+               "  --json     also write the results as JSON (bench/report.py reads it); - writes only\n"
+               "             the JSON, on stdout\n",
                problem.c_str(), problem.empty() ? "" : "\n");
   std::exit(2);
 }
 
 Args parse_args(int argc, char** argv) {
   Args args;
+  args.peers.expandable_peers = true;  // this program runs child peers and reports not_run rows
   std::vector<std::string> peer_names = {"streamalloc"};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -88,13 +108,7 @@ Args parse_args(int argc, char** argv) {
       if (v == "all") {
         args.all_peers = true;
       } else {
-        std::size_t start = 0;
-        while (start <= v.size()) {
-          std::size_t end = v.find(',', start);
-          if (end == std::string::npos) end = v.size();
-          if (end > start) peer_names.push_back(v.substr(start, end - start));
-          start = end + 1;
-        }
+        peer_names = split_list(v);
       }
     } else if (arg == "--repeats") {
       args.repeats = std::atoi(value().c_str());
@@ -153,8 +167,46 @@ double replay_once(const Trace& trace, Peer& peer, MemoryPeaks* peaks) {
   return trace.ops.empty() ? 0.0 : ns / static_cast<double>(trace.ops.size());
 }
 
-Result run_peer(const Trace& trace, const PeerKind& kind, int repeats) {
-  Result result{kind, {}, {}, {}};
+// The peer's row from a run of this program in a child process (PeerKind::child): the child replays
+// the same trace on `runs_as` alone and writes its JSON on stdout.
+Result run_child_peer(const PeerKind& kind, const Args& args) {
+  Result result{kind, {}, {}, {}, {}, kind.child->variable + "=" + kind.child->value};
+  try {
+    const ChildOutput child = run_self(
+        {args.trace, "--peers", kind.child->runs_as, "--repeats", std::to_string(args.repeats), "--json", "-"},
+        kind.child->variable, kind.child->value);
+    const std::string where = "the child process with " + result.environment;
+    if (child.exit_status == kExecFailed) throw std::runtime_error(where + " could not start this program again");
+    nlohmann::json out;
+    try {
+      out = nlohmann::json::parse(child.stdout_text);
+    } catch (const nlohmann::json::exception&) {
+      throw std::runtime_error(where + " wrote no JSON (exit status " + std::to_string(child.exit_status) +
+                               "; its messages are above)");
+    }
+    // The child must really run with the setting: PyTorch ignores what it does not parse.
+    const std::string expandable = out["context"].value("torch_expandable_segments", "");
+    if (kind.name == "torch_expandable" && expandable != "yes") {
+      throw std::runtime_error(where + ": PyTorch's allocator there does not use expandable segments "
+                               "(torch_expandable_segments: '" + expandable + "')");
+    }
+    const nlohmann::json& rows = out["results"];
+    if (!rows.is_array() || rows.size() != 1) throw std::runtime_error(where + " did not report one row");
+    const nlohmann::json& row = rows[0];
+    if (row.contains("error")) throw std::runtime_error(where + ": " + row["error"].get<std::string>());
+    result.ns_per_op = row["ns_per_op"].get<std::vector<double>>();
+    result.peaks = {row["peak_reserved"].get<std::int64_t>(), row["peak_allocated"].get<std::int64_t>()};
+  } catch (const std::exception& e) {
+    result.error = e.what();
+  }
+  return result;
+}
+
+Result run_peer(const Trace& trace, const PeerKind& kind, const Args& args) {
+  Result result{kind, {}, {}, {}, kind.not_run, {}};
+  if (!kind.not_run.empty()) return result;
+  if (kind.child) return run_child_peer(kind, args);
+  const int repeats = args.repeats;
   try {
     for (int r = 0; r < repeats; ++r) {
       auto peer = kind.open();
@@ -183,22 +235,29 @@ void print_table(const Trace& trace, const Args& args, const std::vector<Result>
   std::printf("%-26s %14s %14s %14s %10s %12s\n", "peer", "ns/op (median)", "peak reserved", "peak allocated",
               "res/alloc", "res/native");
   for (const Result& r : results) {
+    if (!r.not_run.empty()) {
+      std::printf("%-26s not run: %s\n", r.kind.id().c_str(), r.not_run.c_str());
+      continue;
+    }
     if (!r.error.empty()) {
       std::printf("%-26s failed: %s\n", r.kind.id().c_str(), r.error.c_str());
       continue;
     }
     char ratio[32] = "n/a";
     char vs_native[32] = "n/a";
-    if (r.peaks.reserved > 0 && r.peaks.allocated > 0) {
-      std::snprintf(ratio, sizeof ratio, "%.3f",
-                    static_cast<double>(r.peaks.reserved) / static_cast<double>(r.peaks.allocated));
-    }
+    if (r.reserved_over_allocated() > 0) std::snprintf(ratio, sizeof ratio, "%.3f", r.reserved_over_allocated());
     if (r.peaks.reserved >= 0 && native_reserved > 0) {
       std::snprintf(vs_native, sizeof vs_native, "%.3f",
                     static_cast<double>(r.peaks.reserved) / static_cast<double>(native_reserved));
     }
     std::printf("%-26s %14.1f %14s %14s %10s %12s\n", r.kind.id().c_str(), r.median(),
                 bytes_or_na(r.peaks.reserved).c_str(), bytes_or_na(r.peaks.allocated).c_str(), ratio, vs_native);
+  }
+  for (const Result& r : results) {
+    if (!r.environment.empty() && r.error.empty()) {
+      std::printf("(%s: run in a process of its own, started with %s)\n", r.kind.id().c_str(),
+                  r.environment.c_str());
+    }
   }
 }
 
@@ -220,15 +279,25 @@ void write_json(const Trace& trace, const Args& args, const std::vector<Result>&
   out["results"] = nlohmann::json::array();
   for (const Result& r : results) {
     nlohmann::json row = {{"peer", r.kind.name}, {"device", r.kind.device}};
-    if (r.error.empty()) {
+    if (!r.environment.empty()) row["environment"] = r.environment;
+    if (!r.not_run.empty()) {
+      row["skipped"] = r.not_run;
+    } else if (r.error.empty()) {
       row["ns_per_op_median"] = r.median();
       row["ns_per_op"] = r.ns_per_op;
       row["peak_reserved"] = r.peaks.reserved;
       row["peak_allocated"] = r.peaks.allocated;
+      // null where a peak is unknown (RMM counts no allocated bytes)
+      row["reserved_over_allocated"] =
+          r.reserved_over_allocated() > 0 ? nlohmann::json(r.reserved_over_allocated()) : nlohmann::json(nullptr);
     } else {
       row["error"] = r.error;
     }
     out["results"].push_back(row);
+  }
+  if (args.json_on_stdout()) {
+    std::printf("%s\n", out.dump(2).c_str());
+    return;
   }
   std::ofstream file(args.json_out);
   file << out.dump(2) << "\n";
@@ -260,9 +329,19 @@ int main(int argc, char** argv) {
       args.peers.streamalloc_conf = with_sim_memory_for(trace, args.peers.streamalloc_conf);
       kinds = available_peers(args.peers);
     }
+    const bool torch_native_here =
+        std::any_of(kinds.begin(), kinds.end(), [](const PeerKind& k) { return k.name == "torch_native"; });
+    if (torch_native_here && !args.json_on_stdout()) {
+      for (const auto& [key, value] : machine_context()) {
+        if (key == "torch_expandable_segments" && value == "yes") {
+          std::fprintf(stderr, "streamalloc_replay: PYTORCH_CUDA_ALLOC_CONF turns expandable segments on in this "
+                               "process, so torch_native runs with them too\n");
+        }
+      }
+    }
     std::vector<Result> results;
-    for (const PeerKind& kind : kinds) results.push_back(run_peer(trace, kind, args.repeats));
-    print_table(trace, args, results);
+    for (const PeerKind& kind : kinds) results.push_back(run_peer(trace, kind, args));
+    if (!args.json_on_stdout()) print_table(trace, args, results);
     if (!args.json_out.empty()) write_json(trace, args, results);
     for (const Result& r : results) {
       if (!r.error.empty()) return 1;

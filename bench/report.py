@@ -244,6 +244,9 @@ def replay_section(replays):
             if "error" in r:
                 rows.append([r["peer"], r["device"], "failed: " + r["error"], "", "", ""])
                 continue
+            if "skipped" in r:  # a peer this build cannot run (streamalloc_replay says why)
+                rows.append([r["peer"], r["device"], "not run: " + r["skipped"], "", "", ""])
+                continue
             vs = fmt_ratio(r["peak_reserved"] / native) if native else "n/a"
             rows.append([r["peer"], r["device"], fmt_ns(r["ns_per_op_median"]), fmt_bytes(r["peak_reserved"]),
                          fmt_bytes(r["peak_allocated"]), vs])
@@ -372,7 +375,7 @@ def targets_section(context, runs, replays, torch_empty):
     for rep in replays:
         name = rep.get("header", {}).get("workload", rep["trace"])
         native_peak = rep.get("header", {}).get("native_peak_reserved")
-        mine = [r for r in rep["results"] if r["peer"] in STREAMALLOC_PEERS and "error" not in r]
+        mine = [r for r in rep["results"] if r["peer"] in STREAMALLOC_PEERS and "error" not in r and "skipped" not in r]
         if native_peak is None or not mine:
             unrecorded.append(name)
             continue
