@@ -7,10 +7,13 @@
 #include <algorithm>
 #include <cstring>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "sim_fixture.hpp"
 #include "streamalloc/report.hpp"
+#include "streamalloc/trace.hpp"
 
 namespace streamalloc::testing {
 namespace {
@@ -443,6 +446,31 @@ TEST(Expandable, DeviceWithoutVirtualMemoryUsesFixedSegments) {
   for (const SegmentInfo& seg : allocator.segments(0)) EXPECT_FALSE(seg.expandable);
   allocator.deallocate(p, 0, 0, a);
   allocator.deallocate(q, 0, 0, a);
+}
+
+// As PyTorch's history: an expandable segment's pages are traced as segment_map and segment_unmap, with
+// the pages' address and size, never as segment_alloc/segment_free.
+TEST(Expandable, HistoryTracesMapsAndUnmaps) {
+  SimSetup s(kOn);
+  const Stream a = s.sim->create_stream();
+  s.a().record_history(true, 100);
+  void* p = s.a().allocate(3 * MiB, 0, a);
+  void* q = s.a().allocate(3 * MiB, 0, a);
+  s.a().deallocate(q, 0, 0, a);
+  s.a().deallocate(p, 0, 0, a);
+  s.a().empty_cache();
+  std::vector<std::pair<std::string, std::pair<std::uintptr_t, std::size_t>>> pages;
+  for (const TraceEntry& e : s.a().history(0)) {
+    EXPECT_NE(e.action, TraceAction::kSegmentAlloc);
+    EXPECT_NE(e.action, TraceAction::kSegmentFree);
+    if (e.action == TraceAction::kSegmentMap || e.action == TraceAction::kSegmentUnmap) {
+      pages.push_back({to_string(e.action), {e.address, e.size}});
+    }
+  }
+  const std::vector<std::pair<std::string, std::pair<std::uintptr_t, std::size_t>>> expected = {
+      {"segment_map", {addr(p), 4 * MiB}}, {"segment_map", {addr(p) + 4 * MiB, 2 * MiB}},
+      {"segment_unmap", {addr(p), 6 * MiB}}};
+  EXPECT_EQ(pages, expected);
 }
 
 TEST(Expandable, SnapshotsMarkExpandableSegmentsAndTheirRange) {

@@ -56,6 +56,9 @@ Block* DeviceCache::grow_expandable(PoolKind kind, std::size_t size, Stream stre
       if (segments_.reserved_bytes() + bytes > memory_cap()) return nullptr;
       Block* added = segments_.grow(segment, bytes);
       if (added == nullptr) return nullptr;
+      if (trace_ != nullptr) {
+        trace_events::segment_pages(*trace_, TraceAction::kSegmentMap, device_, *segment, added->address, bytes);
+      }
       ++stats_.num_device_alloc;
       stat_increase(&DeviceStats::reserved_bytes, kind, static_cast<std::int64_t>(bytes));
       if (!extend) {
@@ -85,7 +88,10 @@ Block* DeviceCache::grow_expandable(PoolKind kind, std::size_t size, Stream stre
                                                           : nullptr;
   }
   growing_[key] = segment;
-  if (trace_ != nullptr) trace_events::segment(*trace_, TraceAction::kSegmentAlloc, device_, *segment);
+  // As PyTorch's history: maps and unmaps, never segment_alloc/segment_free, for expandable segments.
+  if (trace_ != nullptr) {
+    trace_events::segment_pages(*trace_, TraceAction::kSegmentMap, device_, *segment, segment->address, bytes);
+  }
   ++default_pool_.segments;
   ++stats_.num_device_alloc;
   stat_increase(&DeviceStats::segment, kind, 1);
@@ -132,6 +138,9 @@ std::size_t DeviceCache::trim_expandable(Segment* segment) {
     }
     ++stats_.num_device_free;
     stat_decrease(&DeviceStats::reserved_bytes, kind, static_cast<std::int64_t>(last - first));
+    if (trace_ != nullptr) {
+      trace_events::segment_pages(*trace_, TraceAction::kSegmentUnmap, device_, *segment, first, last - first);
+    }
     released += last - first;
     if (pieces.before != nullptr) insert_free(pieces.before);
     if (pieces.after != nullptr) insert_free(pieces.after);
@@ -149,8 +158,11 @@ std::size_t DeviceCache::release_expandable(Segment* segment) {
   const std::size_t bytes = segment->size;
   const PoolKind kind = segment->pool;
   MemoryPool* owner = segment->owner;
+  const std::uintptr_t at = only->address;
   remove_free(only);
-  if (trace_ != nullptr) trace_events::segment(*trace_, TraceAction::kSegmentFree, device_, *segment);
+  if (trace_ != nullptr) {
+    trace_events::segment_pages(*trace_, TraceAction::kSegmentUnmap, device_, *segment, at, bytes);
+  }
   try {
     segments_.release(segment);
   } catch (...) {  // a backend error: nothing was unmapped
