@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "fault_backend.hpp"
 #include "sim_fixture.hpp"
 #include "streamalloc/report.hpp"
 #include "streamalloc/trace.hpp"
@@ -300,6 +301,51 @@ TEST(Expandable, OutOfMemoryAfterARefusedGrowthLeavesNothingMapped) {
   s.a().empty_cache();
   check(s);
   EXPECT_EQ(s.sim->mapped_bytes(0), 0u);
+}
+
+// A device error from any virtual-memory call is the caller's error, and the cache and the device
+// stay as they were: nothing mapped for the failed growth, nothing lost by the failed unmap.
+TEST(Expandable, BackendErrorsChangeNothing) {
+  using VmOp = FaultBackend::VmOp;
+  SimBackend::Config config;
+  config.mode = SimBackend::Mode::kManual;
+  config.memory_per_device = 256 * MiB;
+  auto sim = std::make_shared<SimBackend>(config);
+  auto faults = std::make_shared<FaultBackend>(sim);
+  Allocator allocator(Options::parse(std::string(kOn) + ",log_level:off"), faults);
+  const Stream a = sim->create_stream();
+  auto consistent = [&] {
+    allocator.validate();
+    sim->validate();
+    EXPECT_EQ(allocator.stats(0).reserved_bytes[0].current,
+              static_cast<std::int64_t>(sim->reserved_bytes(0) + sim->mapped_bytes(0)));
+  };
+  for (VmOp op : {VmOp::kReserveAddressRange, VmOp::kMapPages}) {
+    faults->fail(op);
+    EXPECT_THROW(allocator.allocate(3 * MiB, 0, a), Error);
+    consistent();
+    EXPECT_EQ(sim->mapped_bytes(0), 0u);
+  }
+  void* p = allocator.allocate(3 * MiB, 0, a);
+  void* q = allocator.allocate(3 * MiB, 0, a);
+  faults->fail(VmOp::kMapPages);  // growing the segment
+  EXPECT_THROW(allocator.allocate(3 * MiB, 0, a), Error);
+  consistent();
+  allocator.deallocate(q, 0, 0, a);
+  faults->fail(VmOp::kUnmapPages);  // q's pages
+  EXPECT_THROW(allocator.empty_cache(), Error);
+  consistent();
+  EXPECT_EQ(sim->mapped_bytes(0), 6 * MiB);
+  allocator.deallocate(p, 0, 0, a);
+  // The pages go back, then the range cannot: the memory is back, so the segment goes, and only its
+  // addresses stay reserved (logged).
+  faults->fail(VmOp::kReleaseAddressRange);
+  EXPECT_NO_THROW(allocator.empty_cache());
+  consistent();
+  EXPECT_EQ(sim->mapped_bytes(0), 0u);
+  EXPECT_EQ(allocator.stats(0).reserved_bytes[0].current, 0);
+  EXPECT_EQ(allocator.stats(0).segment[0].current, 0);
+  EXPECT_EQ(sim->counters().address_range_reserves - sim->counters().address_range_releases, 1u);
 }
 
 TEST(Expandable, MemoryFractionCapsMappedBytes) {

@@ -1,5 +1,7 @@
 #include "segment_source.hpp"
 
+#include "logging.hpp"
+
 namespace streamalloc {
 
 SegmentSource::~SegmentSource() {
@@ -119,7 +121,14 @@ void SegmentSource::release(Segment* segment) {
   const auto base = reinterpret_cast<void*>(segment->address);
   if (segment->expandable()) {
     backend_.unmap_pages(device_, reinterpret_cast<void*>(segment->head->address), segment->size);
-    backend_.release_address_range(device_, base, segment->address_range);
+    // The memory is back now; a range that cannot be released costs addresses only, so the segment
+    // goes regardless (keeping it would claim pages that are no longer mapped).
+    try {
+      backend_.release_address_range(device_, base, segment->address_range);
+    } catch (const Error& e) {
+      log().warn("device {}: the address range of an expandable segment stays reserved: {}", device_,
+                 without_prefix(e.what()));
+    }
   } else {
     backend_.release(device_, base, segment->size);
   }

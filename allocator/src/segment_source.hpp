@@ -34,7 +34,9 @@ class SegmentSource {
   // holding one free settled block; nullptr when the device has not enough free memory.
   Segment* reserve(PoolKind pool, MemoryPool* owner, std::size_t bytes, Stream stream);
   // Give `segment` back to the device (an expandable one: its pages unmapped, its range released). It
-  // must hold exactly one block (of an expandable segment: whole pages), which is deleted with it.
+  // must hold exactly one block (of an expandable segment: whole pages), which is deleted with it. A
+  // backend error changes nothing, except one releasing the range of pages already unmapped: logged,
+  // and the segment goes with its addresses still reserved.
   void release(Segment* segment);
 
   // ---- expandable segments: `bytes` are whole pages of the backend's granularity ----
