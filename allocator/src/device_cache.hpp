@@ -290,9 +290,9 @@ class DeviceCache {
   bool grows_expandable(const MemoryPool& pool) const {
     return expandable_page_bytes_ != 0 && &pool == &default_pool_;
   }
-  // Grows the segment of (stream, kind) at its end by whole pages, or starts one, so that a free block of at
-  // least `size` bytes that `stream` may take is in the free lists; returns it, or nullptr when the
-  // memory cap or the device refuses (nothing stays mapped for it then).
+  // Grows the segment of (stream, kind) at its end by whole pages, or starts one, so that a free block
+  // of at least `size` bytes that `stream` may take is in the free lists; returns it, or nullptr when
+  // the memory cap or the device refuses (nothing stays mapped for it then).
   Block* grow_expandable(PoolKind kind, std::size_t size, Stream stream);
   // Unmaps the whole pages inside the free blocks of an expandable segment; releases the segment when
   // none stays mapped. Returns the bytes given back.
@@ -376,7 +376,7 @@ class DeviceCache {
   Clock::time_point last_fence_pass_{};
   Clock::time_point last_pending_poll_{};  // coarse clock: the allocation path's poll of pending blocks
   // Expandable segments: the page size they map in (0 while the default pool uses fixed segments),
-  // and the segment each (stream, size class) grows; older ones, full, only shrink.
+  // and the segment each (stream, size class) grows; older ones, full, still give free pages back.
   std::size_t expandable_page_bytes_ = 0;
   std::map<std::pair<Stream, PoolKind>, Segment*> growing_;
   // The allocation history's sink, null while it is off: each event site tests it, like aids_.

@@ -171,8 +171,8 @@ Block* DeviceCache::reserve_fixed_segment(MemoryPool& pool, PoolKind kind, std::
 Block* DeviceCache::take(Block* block, std::size_t size, std::size_t requested, Stream stream) {
   remove_free(block);
   const PoolKind pool = block->segment->pool;
-  // In an expandable segment every rest of a whole block splits off, as in PyTorch's: the segment's
-  // free end goes back page by page, so a rest strands no segment.
+  // In an expandable segment every rest of 512 bytes or more splits off, as in PyTorch's: free pages go
+  // back wherever they are, so a rest strands no segment.
   const bool split = block->segment->expandable() ? block->size - size >= size_policy::kMinBlockSize
                                                   : size_policy::should_split(block->size, size, pool, options_);
   if (!block->segment->owner->no_split && split) {

@@ -1,11 +1,11 @@
 // DeviceCache: expandable segments (docs/design.md, "Expandable segments"), PyTorch's
 // expandable_segments:True made stream-aware. With the option on, the default pool's memory comes from
-// one segment per (stream, size class): a reserved address range whose mapped prefix the blocks tile.
-// When no cached block serves an allocation, the stream's segment grows at its end by whole pages: its
-// last block grows when the stream may take it, else the new pages are a block of their own. Blocks
-// inside split, merge, settle and go pending exactly as in fixed segments. The free whole pages at a
-// segment's end are unmapped by empty_cache(), the memory cap and the OOM path (release_free_segments),
-// and a segment with nothing left mapped gives its range back.
+// one segment per (stream, size class): a reserved address range whose blocks cover exactly its mapped
+// pages. When no cached block serves an allocation, the stream's segment grows after its last block by
+// whole pages: that block grows when the stream may take it, else the new pages are a block of their
+// own. Blocks inside split, merge, settle and go pending exactly as in fixed segments. The whole pages
+// inside free blocks are unmapped by empty_cache(), the memory cap and the OOM path
+// (release_free_segments), and a segment with nothing left mapped gives its range back.
 #include <algorithm>
 #include <atomic>
 #include <iterator>
@@ -71,7 +71,8 @@ Block* DeviceCache::grow_expandable(PoolKind kind, std::size_t size, Stream stre
       insert_free(grown);
       return grown;
     }
-    // The range is full: a new segment takes over the growing; this one keeps its blocks and shrinks.
+    // The range is full: a new segment takes over the growing; this one keeps its blocks and still
+    // gives free pages back.
   }
 
   const std::size_t bytes = round_up(size, page);
@@ -178,10 +179,9 @@ std::size_t DeviceCache::release_expandable(Segment* segment) {
 }
 
 // A block's neighbour came or went (its segment grew past it, or the block next to it was unmapped
-// whole), so it may have been alone in its segment or may be now: its split state changed, and so
-// must what depends on it. A block in its stream's shard
-// keeps the flag the fast path reads (written under the shard's lock); a free block counts in
-// inactive_split exactly while it is split.
+// whole), so it may have been alone in its segment or may be now: its split state changed, and so must
+// what depends on it. A block in its stream's shard keeps the flag the fast path reads (written under
+// the shard's lock); a free block counts in inactive_split exactly while it is split.
 void DeviceCache::refresh_split(Block* block) {
   if (block->in_shard) {
     stream_state(block->stream);  // locks its shard for the rest of the call

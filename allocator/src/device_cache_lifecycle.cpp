@@ -10,8 +10,8 @@ std::size_t DeviceCache::memory_cap() const {
   return static_cast<std::size_t>(memory_fraction_ * static_cast<double>(device_total_));
 }
 
-// Segments that are one settled free block go back, in address order, and so do the free whole pages
-// at the end of expandable segments (trim_expandable). cudaFree and unmapping are not allowed while a
+// Segments that are one settled free block go back, in address order, and so do the whole pages inside
+// the free blocks of expandable segments (trim_expandable). cudaFree and unmapping are not allowed while a
 // graph captures, so nothing goes back then; the next call after the capture does it. Teardown
 // (`ask_streams` false) asks no stream: they may be destroyed by then, and no capture can be running.
 std::size_t DeviceCache::release_free_segments(std::size_t target_bytes, const MemoryPool* only,
