@@ -30,6 +30,7 @@ struct ConformanceParam {
   std::string backend_name;
   std::function<std::unique_ptr<ConformanceEnv>()> make_env;
   CrossStreamReuse policy;
+  bool expandable_segments = false;  // the default pool grows expandable segments where the device can
 };
 
 class Conformance : public ::testing::TestWithParam<ConformanceParam> {
@@ -40,6 +41,7 @@ class Conformance : public ::testing::TestWithParam<ConformanceParam> {
     if (!reason.empty()) GTEST_SKIP() << reason;
     Options options;
     options.cross_stream_reuse = GetParam().policy;
+    options.expandable_segments = GetParam().expandable_segments;
     options.log_level = "off";
     allocator_ = std::make_unique<Allocator>(options, env_->backend());
     a_ = env_->new_stream();
@@ -188,20 +190,24 @@ TEST_P(Conformance, RandomWalkKeepsEveryInvariant) {
 inline std::vector<ConformanceParam> conformance_params(const std::string& backend_name,
                                                         std::function<std::unique_ptr<ConformanceEnv>()> make_env) {
   std::vector<ConformanceParam> params;
-  for (CrossStreamReuse policy : {CrossStreamReuse::kNever, CrossStreamReuse::kSettled, CrossStreamReuse::kWait}) {
-    params.push_back({backend_name, make_env, policy});
+  for (bool expandable : {false, true}) {
+    for (CrossStreamReuse policy : {CrossStreamReuse::kNever, CrossStreamReuse::kSettled, CrossStreamReuse::kWait}) {
+      params.push_back({backend_name, make_env, policy, expandable});
+    }
   }
   return params;
 }
 
 inline std::string conformance_name(const ::testing::TestParamInfo<ConformanceParam>& info) {
-  return info.param.backend_name + "_" + to_string(info.param.policy);
+  return info.param.backend_name + "_" + to_string(info.param.policy) +
+         (info.param.expandable_segments ? "_expandable" : "");
 }
 
 // How gtest prints a parameter (test listings, failures): "backend sim, cross_stream_reuse never"
 // rather than the bytes of the struct.
 inline void PrintTo(const ConformanceParam& param, std::ostream* os) {
-  *os << "backend " << param.backend_name << ", cross_stream_reuse " << to_string(param.policy);
+  *os << "backend " << param.backend_name << ", cross_stream_reuse " << to_string(param.policy)
+      << ", expandable_segments " << (param.expandable_segments ? "true" : "false");
 }
 
 }  // namespace streamalloc::testing

@@ -78,6 +78,7 @@ struct FuzzConfig {
   int streams = 3;                             // 2..4
   std::size_t memory_limit = 128 * MiB;        // small, so OOM paths run
   std::size_t largest_request = 64 * MiB;      // sizes above the device come on top of this
+  bool expandable_segments = false;            // the default pool grows expandable segments
 };
 
 struct Op {
@@ -200,7 +201,9 @@ struct FuzzSchedule {
 class OpRunner {
  public:
   explicit OpRunner(FuzzConfig config, FuzzSchedule schedule = FuzzSchedule{})
-      : config_(config), schedule_(schedule), model_(config.largest_request) {
+      : config_(config),
+        schedule_(schedule),
+        model_(config.largest_request, config.expandable_segments ? SimBackend::Config{}.vm_granularity : 0) {
     SimBackend::Config sim;
     sim.mode = SimBackend::Mode::kManual;
     sim.memory_per_device = config.memory_limit;
@@ -214,6 +217,7 @@ class OpRunner {
     Options options;
     options.backend = BackendKind::kSim;
     options.cross_stream_reuse = config.policy;
+    options.expandable_segments = config.expandable_segments;
     options.log_level = "error";  // OOM warnings would flood the output of a 10^6-op run
     options.pending_history = 256;  // a small ring that wraps, so validate() checks it against every change
     allocator_ = std::make_unique<Allocator>(options, sim_);
@@ -269,8 +273,9 @@ class OpRunner {
       expect(empty.reserved_bytes[0].current == 0,
              "empty_cache kept " + std::to_string(empty.reserved_bytes[0].current) +
                  " bytes reserved with no live or pending block");
-      expect(sim_->reserved_bytes(0) == 0, "the simulated device still has " +
-                                               std::to_string(sim_->reserved_bytes(0)) + " bytes reserved");
+      expect(device_bytes() == 0,
+             "the simulated device still has " + std::to_string(device_bytes()) + " bytes reserved or mapped");
+      sim_->validate();
       expect(sim_->counters().capture_violations == 0,
              "events were queried or synchronized while a stream was capturing (" +
                  std::to_string(sim_->counters().capture_violations) + " times)");
@@ -599,9 +604,9 @@ class OpRunner {
            "requested_bytes.current " + std::to_string(stats.requested_bytes[0].current) + " != model's " +
                std::to_string(live_requested) + " live bytes plus at most the " +
                std::to_string(stats.pending_bytes.current) + " pending bytes");
-    expect(stats.reserved_bytes[0].current == static_cast<std::int64_t>(sim_->reserved_bytes(0)),
+    expect(stats.reserved_bytes[0].current == static_cast<std::int64_t>(device_bytes()),
            "reserved_bytes.current " + std::to_string(stats.reserved_bytes[0].current) +
-               " != bytes reserved on the simulated device " + std::to_string(sim_->reserved_bytes(0)));
+               " != bytes reserved or mapped on the simulated device " + std::to_string(device_bytes()));
     // Lowering the fraction may leave more reserved than the cap (live blocks stay), but a new
     // reservation must never go past it.
     if (stats.num_device_alloc != last_device_allocs_) {
@@ -665,6 +670,9 @@ class OpRunner {
   std::size_t cap() const {
     return static_cast<std::size_t>(fraction_ * static_cast<double>(config_.memory_limit));
   }
+
+  // Device memory behind the cache's segments: reserved memory and mapped pages.
+  std::size_t device_bytes() const { return sim_->reserved_bytes(0) + sim_->mapped_bytes(0); }
 
   bool any_capturing() const {
     for (bool c : capturing_) {

@@ -39,8 +39,12 @@ class ReferenceModel {
   // The largest segment one large-pool block can keep reserved: a block may be carved out of any free
   // large-pool segment, so it pins at most the largest one ever reserved (the largest request rounded
   // to 2 MiB, or a 20 MiB mid-size segment).
-  explicit ReferenceModel(std::size_t largest_request)
-      : large_pin_(std::max<std::size_t>(20 * MiB, (largest_request + 2 * MiB - 1) / (2 * MiB) * (2 * MiB))) {}
+  // With expandable segments (`page`: their page size, 0 without them) free pages go back wherever they
+  // are, so a block pins only the pages it touches: its size rounded up to pages, plus one where it
+  // straddles a page boundary.
+  explicit ReferenceModel(std::size_t largest_request, std::size_t page = 0)
+      : large_pin_(std::max<std::size_t>(20 * MiB, (largest_request + 2 * MiB - 1) / (2 * MiB) * (2 * MiB))),
+        page_(page) {}
 
   std::size_t live_count() const { return blocks_.size(); }
   std::size_t live_bytes() const { return live_bytes_; }
@@ -109,7 +113,10 @@ class ReferenceModel {
   }
 
  private:
-  std::size_t pin_of(std::size_t size) const { return size <= kSmallRequest ? kSmallSegment : large_pin_; }
+  std::size_t pin_of(std::size_t size) const {
+    if (page_ != 0) return ((std::max<std::size_t>(size, 1) + page_ - 1) / page_ + 1) * page_;
+    return size <= kSmallRequest ? kSmallSegment : large_pin_;
+  }
 
   void remember_freed(std::uintptr_t address) {
     constexpr std::size_t kRemembered = 64;
@@ -121,6 +128,7 @@ class ReferenceModel {
   }
 
   std::size_t large_pin_;
+  std::size_t page_;
   std::vector<ModelBlock> blocks_;
   std::map<std::uintptr_t, std::size_t> by_address_;  // address -> index in blocks_
   std::size_t live_bytes_ = 0;

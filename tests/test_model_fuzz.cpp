@@ -22,7 +22,7 @@
 namespace streamalloc::testing {
 namespace {
 
-constexpr std::uint64_t kDefaultOpsPerCase = 150000;  // x 7 cases = 1.05 x 10^6
+constexpr std::uint64_t kDefaultOpsPerCase = 150000;  // x 11 cases = 1.65 x 10^6
 
 // An unsigned integer from the environment, or `fallback` when unset.
 std::uint64_t env_number(const char* name, std::uint64_t fallback) {
@@ -43,6 +43,7 @@ struct FuzzCase {
   std::uint64_t seed;
   int streams;
   std::size_t memory_limit;
+  bool expandable_segments = false;
 };
 
 void PrintTo(const FuzzCase& c, std::ostream* os) { *os << c.name; }
@@ -55,6 +56,7 @@ TEST_P(ModelFuzz, RandomOperationsKeepEveryInvariant) {
   config.policy = c.policy;
   config.streams = c.streams;
   config.memory_limit = c.memory_limit;
+  config.expandable_segments = c.expandable_segments;
 
   const std::uint64_t ops = env_number("STREAMALLOC_FUZZ_OPS", kDefaultOpsPerCase);
   if (ops == 0) GTEST_SKIP() << "STREAMALLOC_FUZZ_OPS=0: no operations to run";
@@ -66,7 +68,8 @@ TEST_P(ModelFuzz, RandomOperationsKeepEveryInvariant) {
   }
   runner.finish();
   ASSERT_TRUE(runner.failure().empty())
-      << "case " << c.name << " (cross_stream_reuse:" << to_string(c.policy) << ", seed " << seed << ", "
+      << "case " << c.name << " (cross_stream_reuse:" << to_string(c.policy)
+      << (c.expandable_segments ? ", expandable_segments" : "") << ", seed " << seed << ", "
       << c.streams << " streams, " << c.memory_limit / MiB << " MiB): " << runner.failure()
       << "\nlast operations:\n"
       << runner.trace();
@@ -97,7 +100,11 @@ INSTANTIATE_TEST_SUITE_P(
                       FuzzCase{"wait_seed1", CrossStreamReuse::kWait, 1, 2, 64 * MiB},
                       FuzzCase{"wait_seed2", CrossStreamReuse::kWait, 2, 3, 128 * MiB},
                       FuzzCase{"wait_seed3", CrossStreamReuse::kWait, 3, 4, 256 * MiB},
-                      FuzzCase{"never_seed1", CrossStreamReuse::kNever, 1, 3, 128 * MiB}),
+                      FuzzCase{"never_seed1", CrossStreamReuse::kNever, 1, 3, 128 * MiB},
+                      FuzzCase{"expandable_settled_seed1", CrossStreamReuse::kSettled, 1, 2, 64 * MiB, true},
+                      FuzzCase{"expandable_settled_seed3", CrossStreamReuse::kSettled, 3, 4, 256 * MiB, true},
+                      FuzzCase{"expandable_wait_seed2", CrossStreamReuse::kWait, 2, 3, 128 * MiB, true},
+                      FuzzCase{"expandable_never_seed1", CrossStreamReuse::kNever, 1, 3, 128 * MiB, true}),
     [](const ::testing::TestParamInfo<FuzzCase>& info) { return std::string(info.param.name); });
 
 // The same seed must give the same operations on every platform, or a reported seed is useless.

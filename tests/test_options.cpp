@@ -41,6 +41,7 @@ void expect_same(const Options& a, const Options& b) {
   EXPECT_EQ(a.quarantine_bytes, b.quarantine_bytes);
   EXPECT_EQ(a.check_sync, b.check_sync);
   EXPECT_EQ(a.pending_history, b.pending_history);
+  EXPECT_EQ(a.expandable_segments, b.expandable_segments);
   EXPECT_EQ(a.sim_memory_bytes, b.sim_memory_bytes);
   EXPECT_EQ(a.sim_devices, b.sim_devices);
 }
@@ -127,6 +128,12 @@ const GoodCase kGoodCases[] = {
     {"check_sync", "false", [](const Options& o) { return !o.check_sync; }},
     {"pending_history", "0", [](const Options& o) { return o.pending_history == 0; }},
     {"pending_history", "16777216", [](const Options& o) { return o.pending_history == 16777216; }},
+    {"expandable_segments", "true", [](const Options& o) { return o.expandable_segments; }},
+    {"expandable_segments", "True", [](const Options& o) { return o.expandable_segments; }},
+    {"expandable_segments", "1", [](const Options& o) { return o.expandable_segments; }},
+    {"expandable_segments", "false", [](const Options& o) { return !o.expandable_segments; }},
+    {"expandable_segments", "False", [](const Options& o) { return !o.expandable_segments; }},
+    {"expandable_segments", "0", [](const Options& o) { return !o.expandable_segments; }},
     {"sim_memory_mb", "1", [](const Options& o) { return o.sim_memory_bytes == 1 * MiB; }},
     {"sim_memory_mb", "81920", [](const Options& o) { return o.sim_memory_bytes == 80 * GiB; }},
     {"sim_devices", "1", [](const Options& o) { return o.sim_devices == 1; }},
@@ -204,6 +211,8 @@ const BadCase kBadCases[] = {
     {"check_sync", "2", "0|1|true|false"},
     {"pending_history", "16777217", "an unsigned integer <= 16777216 (samples; 0 = off)"},
     {"pending_history", "-1", "an unsigned integer <= 16777216"},
+    {"expandable_segments", "TRUE", "true|false|True|False|1|0"},
+    {"expandable_segments", "yes", "true|false|True|False|1|0"},
     {"sim_memory_mb", "0", "an integer >= 1 (MB)"},
     {"sim_devices", "0", "an integer from 1 to 16"},
     {"sim_devices", "17", "an integer from 1 to 16"},
@@ -235,7 +244,7 @@ TEST(OptionsTable, KeysAreTheDocumentedOnesInOrder) {
             (std::vector<std::string>{"backend", "cross_stream_reuse", "max_split_size_mb",
                                       "roundup_power2_divisions", "memory_fraction", "log_level", "audit",
                                       "audit_file", "pending_warn_ms", "poison", "quarantine_mb", "check_sync",
-                                      "pending_history"}));
+                                      "pending_history", "expandable_segments"}));
   EXPECT_EQ(Options::keys(), Options::keys(OptionGroup::kUser)) << "the user options are the default group";
 }
 

@@ -82,11 +82,21 @@ struct Block {
 
 struct Segment {
   std::uintptr_t address = 0;
-  std::size_t size = 0;
+  std::size_t size = 0;              // bytes its blocks cover (of an expandable segment: its mapped pages)
   PoolKind pool = PoolKind::kSmall;  // size class
   MemoryPool* owner = nullptr;       // the memory pool whose free lists hold its free blocks
   Stream stream = 0;                 // stream of the allocation that reserved it
   Block* head = nullptr;
+  Block* tail = nullptr;  // the last block: where an expandable segment grows and shrinks
+  // Expandable segments (docs/design.md, "Expandable segments"): the bytes of the reserved address
+  // range whose mapped pages the blocks cover; 0 for a fixed segment.
+  std::size_t address_range = 0;
+
+  bool expandable() const { return address_range != 0; }
+  // Bytes from its address to the end of its last block. Of a fixed segment: its size. An expandable
+  // segment's blocks lie in mapped pages and may have unmapped pages between them (and before the
+  // first), so its size (the mapped bytes) can be less.
+  std::size_t span() const { return expandable() ? tail->address + tail->size - address : size; }
 };
 
 inline int pool_index(PoolKind pool) { return static_cast<int>(pool); }
@@ -103,6 +113,7 @@ inline Block* split_block(Block* block, std::size_t size) {
   rest->next = block->next;
   if (rest->next) rest->next->prev = rest;
   block->next = rest;
+  if (rest->next == nullptr) block->segment->tail = rest;
   rest->state = BlockState::kFree;
   rest->settled = block->settled;
   rest->stream = block->stream;

@@ -19,6 +19,7 @@ DeviceCache::DeviceCache(int device, const Options& options, Backend& backend, s
       aids_(std::move(aids)) {
   stats_.max_split_size =
       options.max_split_size_bytes == 0 ? -1 : static_cast<std::int64_t>(options.max_split_size_bytes);
+  set_up_expandable_segments();
   update_fast_path();
 }
 

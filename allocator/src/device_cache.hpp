@@ -209,7 +209,9 @@ class DeviceCache {
   // ---- allocation path (device_cache_allocate.cpp)
   Block* find_free(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream);
   Block* find_free_after_gpu_wait(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream);
+  // A new segment, or more pages of an expandable one, holding a free block of at least `size` bytes.
   Block* reserve_segment(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream);
+  Block* reserve_fixed_segment(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream);
   Block* take(Block* block, std::size_t size, std::size_t requested, Stream stream);
   Block* hand_out(Block* block, std::size_t requested, Stream stream);  // mark allocated, account
   [[noreturn]] void throw_larger_than_device(std::size_t requested, Stream stream);
@@ -280,6 +282,24 @@ class DeviceCache {
       device_total_.store(backend_.memory_info(device_).total_bytes, std::memory_order_relaxed);
     }
   }
+
+  // ---- expandable segments (device_cache_expandable.cpp; docs/design.md, "Expandable segments")
+  // Decides once, at construction, whether the default pool grows expandable segments.
+  void set_up_expandable_segments();
+  // Whether an allocation from `pool` that no cached block serves grows an expandable segment.
+  bool grows_expandable(const MemoryPool& pool) const {
+    return expandable_page_bytes_ != 0 && &pool == &default_pool_;
+  }
+  // Grows the segment of (stream, kind) at its end by whole pages, or starts one, so that a free block
+  // of at least `size` bytes that `stream` may take is in the free lists; returns it, or nullptr when
+  // the memory cap or the device refuses (nothing stays mapped for it then).
+  Block* grow_expandable(PoolKind kind, std::size_t size, Stream stream);
+  // Unmaps the whole pages inside the free blocks of an expandable segment; releases the segment when
+  // none stays mapped. Returns the bytes given back.
+  std::size_t trim_expandable(Segment* segment);
+  std::size_t release_expandable(Segment* segment);  // its one block is free and settled
+  void refresh_split(Block* block);                  // after a neighbour of it came or went
+  void validate_expandable(const Segment* segment) const;
 
   // ---- stats (device_cache_stats.cpp)
   template <typename F>
@@ -355,6 +375,10 @@ class DeviceCache {
   static constexpr std::chrono::microseconds kFenceBatchWindow{20};
   Clock::time_point last_fence_pass_{};
   Clock::time_point last_pending_poll_{};  // coarse clock: the allocation path's poll of pending blocks
+  // Expandable segments: the page size they map in (0 while the default pool uses fixed segments),
+  // and the segment each (stream, size class) grows; older ones, full, still give free pages back.
+  std::size_t expandable_page_bytes_ = 0;
+  std::map<std::pair<Stream, PoolKind>, Segment*> growing_;
   // The allocation history's sink, null while it is off: each event site tests it, like aids_.
   TraceSink* trace_ = nullptr;
   // Last: the debugging aids, out of the way of the fields the hot path reads. Null when all are off.

@@ -143,9 +143,17 @@ Block* DeviceCache::find_free_after_gpu_wait(MemoryPool& pool, PoolKind kind, st
   return best;
 }
 
+// The default pool grows its expandable segments when the option is on (device_cache_expandable.cpp),
+// also while a stream captures a graph (mapping works in a capture; unmapping waits for its end);
+// private pools reserve fixed segments.
+Block* DeviceCache::reserve_segment(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream) {
+  if (grows_expandable(pool)) return grow_expandable(kind, size, stream);
+  return reserve_fixed_segment(pool, kind, size, stream);
+}
+
 // Growing a pool works during a graph capture too: the backend reserves in relaxed capture mode, and
 // the new segment is never given back before the capture ends (release_free_segments waits for that).
-Block* DeviceCache::reserve_segment(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream) {
+Block* DeviceCache::reserve_fixed_segment(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream) {
   const std::size_t segment_size = size_policy::segment_size_for(size);
   if (segments_.reserved_bytes() + segment_size > memory_cap()) return nullptr;
   Segment* segment = segments_.reserve(kind, &pool, segment_size, stream);
@@ -163,7 +171,11 @@ Block* DeviceCache::reserve_segment(MemoryPool& pool, PoolKind kind, std::size_t
 Block* DeviceCache::take(Block* block, std::size_t size, std::size_t requested, Stream stream) {
   remove_free(block);
   const PoolKind pool = block->segment->pool;
-  if (!block->segment->owner->no_split && size_policy::should_split(block->size, size, pool, options_)) {
+  // In an expandable segment every rest of 512 bytes or more splits off, as in PyTorch's: free pages go
+  // back wherever they are, so a rest strands no segment.
+  const bool split = block->segment->expandable() ? block->size - size >= size_policy::kMinBlockSize
+                                                  : size_policy::should_split(block->size, size, pool, options_);
+  if (!block->segment->owner->no_split && split) {
     insert_free(split_block(block, size));
   }
   return hand_out(block, requested, stream);

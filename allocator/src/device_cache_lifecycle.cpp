@@ -10,8 +10,9 @@ std::size_t DeviceCache::memory_cap() const {
   return static_cast<std::size_t>(memory_fraction_ * static_cast<double>(device_total_));
 }
 
-// Segments that are one settled free block go back, in address order. cudaFree is not allowed while
-// a graph captures, so nothing goes back then; the next call after the capture does it. Teardown
+// Segments that are one settled free block go back, in address order, and so do the whole pages inside
+// the free blocks of expandable segments (trim_expandable). cudaFree and unmapping are not allowed while a
+// graph captures, so nothing goes back then; the next call after the capture does it. Teardown
 // (`ask_streams` false) asks no stream: they may be destroyed by then, and no capture can be running.
 std::size_t DeviceCache::release_free_segments(std::size_t target_bytes, const MemoryPool* only,
                                                bool ask_streams) {
@@ -22,6 +23,10 @@ std::size_t DeviceCache::release_free_segments(std::size_t target_bytes, const M
     MemoryPool* owner = segment->owner;
     if (only != nullptr && owner != only) continue;
     if (owner != &default_pool_ && !owner->freeable()) continue;
+    if (segment->expandable()) {
+      released += trim_expandable(segment);
+      continue;
+    }
     Block* head = segment->head;
     if (head->in_shard || head->state != BlockState::kFree || !head->settled || head->held || head->next != nullptr) continue;
     remove_free(head);

@@ -34,15 +34,23 @@ std::vector<SegmentInfo> DeviceCache::segments() const {
   const auto now = Clock::now();
   std::vector<SegmentInfo> out;
   out.reserve(segments_.count());
+  // An expandable segment is reported as PyTorch's is, one segment per run of mapped pages, so that
+  // the blocks of every reported segment tile it.
   segments_.for_each([&](const Segment* segment) {
     SegmentInfo info;
-    info.device = device_;
-    info.address = segment->address;
-    info.total_size = segment->size;
-    info.is_large = segment->pool == PoolKind::kLarge;
-    info.stream = segment->stream;
-    info.pool = segment->owner->id;
     for (const Block* b = segment->head; b != nullptr; b = b->next) {
+      if (b == segment->head || b->address != b->prev->address + b->prev->size) {
+        if (b != segment->head) out.push_back(std::move(info));
+        info = SegmentInfo{};
+        info.device = device_;
+        info.address = b->address;
+        info.is_large = segment->pool == PoolKind::kLarge;
+        info.stream = segment->stream;
+        info.pool = segment->owner->id;
+        info.expandable = segment->expandable();
+        info.reserved_address_bytes = segment->address_range;
+      }
+      info.total_size += b->size;
       if (b->state == BlockState::kAllocated) info.allocated_size += b->size;
       info.requested_size += b->requested;  // allocated and pending blocks (free ones have none)
       if (b->state != BlockState::kFree) info.active_size += b->size;
@@ -75,6 +83,13 @@ void* DeviceCache::segment_base(const void* ptr, std::size_t* size) const {
   DeviceLock lock(*this);
   const Segment* segment = segments_.containing(reinterpret_cast<std::uintptr_t>(ptr));
   if (segment == nullptr) return nullptr;
+  if (segment->expandable()) {
+    // The base serves sharing memory with another process (CUDA IPC), which mapped pages do not support.
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("streamalloc: {} is in an expandable segment, whose memory cannot be shared between "
+                            "processes; use expandable_segments:false for memory you share.",
+                            ptr));
+  }
   if (size) *size = segment->size;
   return reinterpret_cast<void*>(segment->address);
 }

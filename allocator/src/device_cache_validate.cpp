@@ -132,9 +132,11 @@ void DeviceCache::validate() const {
     ++owner->second;
     const std::uintptr_t address = segment->address;
     if (address < previous_end) broken(device_, "segments overlap at " + hex(address));
-    previous_end = address + segment->size;
+    previous_end = address + segment->span();
+    std::size_t covered = 0;
     reserved += segment->size;
-    if (oversize(segment->size)) ++oversize_segments;
+    if (oversize(segment->size) && !segment->expandable()) ++oversize_segments;  // its size is mapped pages
+    validate_expandable(segment);
     Totals& t = pools[pool_index(segment->pool)];
     t.segment += 1;
     t.reserved_bytes += static_cast<std::int64_t>(segment->size);
@@ -143,12 +145,17 @@ void DeviceCache::validate() const {
     for (const Block* b = segment->head; b != nullptr; prev = b, b = b->next) {
       if (b->segment != segment) broken(device_, "block " + hex(b->address) + " points to the wrong segment");
       if (b->prev != prev) broken(device_, "block " + hex(b->address) + " has a wrong prev link");
-      if (b->address != expected_address) {
+      // Blocks tile a fixed segment; in an expandable one only unmapped whole pages may lie between them.
+      if (b->address != expected_address &&
+          !(segment->expandable() && b->address > expected_address &&
+            (expected_address - address) % expandable_page_bytes_ == 0 &&
+            (b->address - address) % expandable_page_bytes_ == 0)) {
         broken(device_, "segment " + hex(address) + " is not tiled by its blocks at " + hex(expected_address) +
                             " (a gap or an overlap)");
       }
       if (b->size == 0 || b->size % 512 != 0) broken(device_, "block " + hex(b->address) + " has a bad size");
-      expected_address += b->size;
+      expected_address = b->address + b->size;
+      covered += b->size;
       const auto size = static_cast<std::int64_t>(b->size);
       const bool in_unsettled = segment->owner->free.contains_owned(const_cast<Block*>(b));
       const bool in_settled = segment->owner->free.contains_settled(const_cast<Block*>(b));
@@ -234,7 +241,18 @@ void DeviceCache::validate() const {
           break;
       }
     }
-    if (expected_address != address + segment->size) broken(device_, "segment " + hex(address) + " blocks do not add up to its size");
+    if (covered != segment->size || expected_address != address + segment->span()) {
+      broken(device_, "segment " + hex(address) + " blocks do not add up to its size");
+    }
+    if (segment->tail != prev) broken(device_, "segment " + hex(address) + " does not know its last block");
+  }
+  // Each (stream, size class) grows a segment of its own, which is still there.
+  const std::vector<Segment*> all_segments = segments_.all();
+  for (const auto& [key, segment] : growing_) {
+    if (std::find(all_segments.begin(), all_segments.end(), segment) == all_segments.end() ||
+        !segment->expandable() || segment->stream != key.first || segment->pool != key.second) {
+      broken(device_, "the expandable segment a stream grows is not one of its segments");
+    }
   }
   if (hot_blocks != hot_listed) broken(device_, "a block is marked hot but is in no stream's hot list");
   if (held != 0 && (aids_ == nullptr || !aids_->holds_blocks())) broken(device_, "a block is held but no aid holds blocks");

@@ -49,7 +49,7 @@ class FreeLists {
   }
 
   // Merge rule: two address neighbours merge when both are free and indexed (not parked in a hot list,
-  // not held back) and either settled, or owned by one stream, or one settled and one owned: settled
+  // not held back), touch (no unmapped pages between them) and either settled, or owned by one stream, or one settled and one owned: settled
   // memory is safe for the owner too, so the merged block stays owned and settles with the owner's
   // fence (keeping them apart strands settled memory next to every owned block).
   static bool mergeable(const Block* a, const Block* b) {
@@ -57,6 +57,9 @@ class FreeLists {
     if (a->in_shard || b->in_shard) return false;  // first: a shard's blocks are read under its lock only
     if (a->held || b->held || a->hot || b->hot) return false;
     if (a->state != BlockState::kFree || b->state != BlockState::kFree) return false;
+    // Linked blocks of an expandable segment may have unmapped pages between them.
+    const Block* low = a->address < b->address ? a : b;
+    if (low->address + low->size != (low == a ? b : a)->address) return false;
     if (a->settled && b->settled) return true;
     if (!a->settled && !b->settled) return a->stream == b->stream;
     return true;
@@ -77,7 +80,11 @@ class FreeLists {
     }
     low->size += high->size;
     low->next = high->next;
-    if (low->next) low->next->prev = low;
+    if (low->next) {
+      low->next->prev = low;
+    } else {
+      low->segment->tail = low;
+    }
     // An owned merge settles only when the later of the two batches has been fenced.
     low->settle_seq = std::max(low->settle_seq, high->settle_seq);
     low->since = std::max(low->since, high->since);

@@ -51,6 +51,12 @@ void HistoryRecorder::keep_live_context(const TraceEntry& entry, const TraceCont
     case TraceAction::kSegmentFree:
       live_.segments.erase(entry.address);
       break;
+    case TraceAction::kSegmentMap:  // the context of the first map at an address, as PyTorch keeps it
+      if (context) live_.segments.emplace(entry.address, context);
+      break;
+    case TraceAction::kSegmentUnmap:
+      live_.segments.erase(entry.address);
+      break;
     default:
       break;
   }

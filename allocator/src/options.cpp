@@ -236,6 +236,22 @@ const OptionSpec kOptionTable[] = {
        return true;
      },
      [](const Options& o) { return std::to_string(o.pending_history); }},
+    {"expandable_segments",
+     "grow one segment per stream and size class in place by mapping pages (PyTorch's expandable_segments); "
+     "fixed segments where the device has no virtual memory",
+     [] { return std::string("true|false|True|False|1|0"); },
+     [](Options& o, std::string_view v) {
+       // PyTorch's spellings (True/False), and 1/0 as the Python bindings spell a bool.
+       if (v == "true" || v == "True" || v == "1") {
+         o.expandable_segments = true;
+       } else if (v == "false" || v == "False" || v == "0") {
+         o.expandable_segments = false;
+       } else {
+         return false;
+       }
+       return true;
+     },
+     [](const Options& o) -> std::string { return o.expandable_segments ? "true" : "false"; }},
 };
 
 // Settings of the simulated device: the same syntax sets them (tests, tools and benchmarks run on it),

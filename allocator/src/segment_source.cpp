@@ -1,5 +1,7 @@
 #include "segment_source.hpp"
 
+#include "logging.hpp"
+
 namespace streamalloc {
 
 SegmentSource::~SegmentSource() {
@@ -12,17 +14,16 @@ SegmentSource::~SegmentSource() {
   }
 }
 
-Segment* SegmentSource::reserve(PoolKind pool, MemoryPool* owner, std::size_t bytes, Stream stream) {
-  void* memory = backend_.reserve(device_, bytes);
-  if (memory == nullptr) return nullptr;
+Segment* SegmentSource::add(std::uintptr_t address, std::size_t bytes, PoolKind pool, MemoryPool* owner,
+                            Stream stream) {
   auto segment = std::make_unique<Segment>();
-  segment->address = reinterpret_cast<std::uintptr_t>(memory);
+  segment->address = address;
   segment->size = bytes;
   segment->pool = pool;
   segment->owner = owner;
   segment->stream = stream;
   auto* block = new Block;
-  block->address = segment->address;
+  block->address = address;
   block->size = bytes;
   block->segment = segment.get();
   block->state = BlockState::kFree;
@@ -30,14 +31,107 @@ Segment* SegmentSource::reserve(PoolKind pool, MemoryPool* owner, std::size_t by
   block->stream = stream;
   block->since = Clock::now();
   segment->head = block;
+  segment->tail = block;
   Segment* out = segment.get();
-  segments_.emplace(segment->address, std::move(segment));
+  segments_.emplace(address, std::move(segment));
   reserved_ += bytes;
   return out;
 }
 
+Segment* SegmentSource::reserve(PoolKind pool, MemoryPool* owner, std::size_t bytes, Stream stream) {
+  void* memory = backend_.reserve(device_, bytes);
+  if (memory == nullptr) return nullptr;
+  return add(reinterpret_cast<std::uintptr_t>(memory), bytes, pool, owner, stream);
+}
+
+Segment* SegmentSource::reserve_expandable(PoolKind pool, MemoryPool* owner, std::size_t range_bytes,
+                                           std::size_t bytes, Stream stream, Refusal* why) {
+  void* range = backend_.reserve_address_range(device_, range_bytes);
+  if (range == nullptr) {
+    *why = Refusal::kNoAddressSpace;
+    return nullptr;
+  }
+  bool mapped = false;
+  try {
+    mapped = backend_.map_pages(device_, range, bytes);
+  } catch (...) {
+    backend_.release_address_range(device_, range, range_bytes);
+    throw;
+  }
+  if (!mapped) {
+    backend_.release_address_range(device_, range, range_bytes);
+    *why = Refusal::kNoMemory;
+    return nullptr;
+  }
+  *why = Refusal::kNone;
+  Segment* segment = add(reinterpret_cast<std::uintptr_t>(range), bytes, pool, owner, stream);
+  segment->address_range = range_bytes;
+  return segment;
+}
+
+Block* SegmentSource::grow(Segment* segment, std::size_t bytes) {
+  const std::uintptr_t end = segment->address + segment->span();
+  if (!backend_.map_pages(device_, reinterpret_cast<void*>(end), bytes)) return nullptr;
+  auto* block = new Block;
+  block->address = end;
+  block->size = bytes;
+  block->segment = segment;
+  block->prev = segment->tail;
+  segment->tail->next = block;
+  segment->tail = block;
+  block->state = BlockState::kFree;
+  block->settled = true;  // fresh pages: no stream has touched them
+  block->stream = segment->stream;
+  block->since = Clock::now();
+  segment->size += bytes;
+  reserved_ += bytes;
+  return block;
+}
+
+SegmentSource::Pieces SegmentSource::unmap(Segment* segment, Block* block, std::uintptr_t at, std::size_t bytes) {
+  backend_.unmap_pages(device_, reinterpret_cast<void*>(at), bytes);
+  segment->size -= bytes;
+  reserved_ -= bytes;
+  Pieces pieces;
+  const std::uintptr_t end = block->address + block->size;
+  if (at + bytes < end) {
+    pieces.after = split_block(block, at + bytes - block->address);  // the same state, linked after
+  }
+  if (at > block->address) {
+    block->size = at - block->address;
+    pieces.before = block;
+    return pieces;
+  }
+  // Nothing stays before the pages: the block goes.
+  if (block->prev != nullptr) {
+    block->prev->next = block->next;
+  } else {
+    segment->head = block->next;
+  }
+  if (block->next != nullptr) {
+    block->next->prev = block->prev;
+  } else {
+    segment->tail = block->prev;
+  }
+  delete block;
+  return pieces;
+}
+
 void SegmentSource::release(Segment* segment) {
-  backend_.release(device_, reinterpret_cast<void*>(segment->address), segment->size);
+  const auto base = reinterpret_cast<void*>(segment->address);
+  if (segment->expandable()) {
+    backend_.unmap_pages(device_, reinterpret_cast<void*>(segment->head->address), segment->size);
+    // The memory is back now; a range that cannot be released costs addresses only, so the segment
+    // goes regardless (keeping it would claim pages that are no longer mapped).
+    try {
+      backend_.release_address_range(device_, base, segment->address_range);
+    } catch (const Error& e) {
+      log().warn("device {}: the address range of an expandable segment stays reserved: {}", device_,
+                 without_prefix(e.what()));
+    }
+  } else {
+    backend_.release(device_, base, segment->size);
+  }
   reserved_ -= segment->size;
   delete segment->head;
   segments_.erase(segment->address);
@@ -47,7 +141,7 @@ const Segment* SegmentSource::containing(std::uintptr_t address) const {
   auto it = segments_.upper_bound(address);
   if (it == segments_.begin()) return nullptr;
   --it;
-  return address < it->first + it->second->size ? it->second.get() : nullptr;
+  return address < it->first + it->second->span() ? it->second.get() : nullptr;
 }
 
 std::vector<Segment*> SegmentSource::all() const {

@@ -1,7 +1,13 @@
 // SegmentSource: the device memory a cache carves its blocks from. It reserves segments from the
 // backend and gives them back, and knows every segment by address. A segment starts as one free,
 // settled block (fresh memory: no stream has touched it); splitting and merging blocks inside it is
-// the cache's business. Segments that grow in place would plug in here.
+// the cache's business.
+//
+// Two kinds of segment: a fixed one is one reserve() of the backend; an expandable one is a reserved
+// address range into which whole pages of the backend's granularity are mapped, which grows at its
+// end and gives free pages back anywhere (docs/design.md, "Expandable segments"). Which segment grows
+// when, and which free pages go back, is the cache's policy; this class does the mapping and keeps
+// the blocks covering exactly the mapped pages.
 #pragma once
 
 #include <cstddef>
@@ -27,11 +33,35 @@ class SegmentSource {
   // A new segment of `bytes` of size class `pool` for memory pool `owner`, reserved for `stream`,
   // holding one free settled block; nullptr when the device has not enough free memory.
   Segment* reserve(PoolKind pool, MemoryPool* owner, std::size_t bytes, Stream stream);
-  // Give `segment` back to the device. It must hold exactly one block, which is deleted with it.
+  // Give `segment` back to the device (an expandable one: its pages unmapped, its range released). It
+  // must hold exactly one block (of an expandable segment: whole pages), which is deleted with it. A
+  // backend error changes nothing, except one releasing the range of pages already unmapped: logged,
+  // and the segment goes with its addresses still reserved.
   void release(Segment* segment);
 
-  // The segment whose memory contains `address`, or nullptr.
+  // ---- expandable segments: `bytes` are whole pages of the backend's granularity ----
+  enum class Refusal { kNone, kNoAddressSpace, kNoMemory };
+  // A new expandable segment: `range_bytes` of addresses, of which the first `bytes` are mapped and
+  // hold one free settled block. nullptr, with nothing left reserved or mapped, when the address
+  // space or the memory cannot be had (`why` says which).
+  Segment* reserve_expandable(PoolKind pool, MemoryPool* owner, std::size_t range_bytes, std::size_t bytes,
+                              Stream stream, Refusal* why);
+  // Maps `bytes` more after the segment's last block (the range must have room). The new memory is a
+  // new free settled block after the last one, in no index, returned; nullptr, nothing mapped, when
+  // the device is full.
+  Block* grow(Segment* segment, std::size_t bytes);
+  // Unmaps the whole pages [at, at + bytes) inside `block`, a free block in no index that is not all of
+  // its segment. What stays of it before the pages is `block` (deleted when nothing stays), what
+  // stays after is a new block in the same state after it; both in no index, nullptr where nothing.
+  struct Pieces {
+    Block* before = nullptr;
+    Block* after = nullptr;
+  };
+  Pieces unmap(Segment* segment, Block* block, std::uintptr_t at, std::size_t bytes);
+
+  // The segment whose span contains `address`, or nullptr.
   const Segment* containing(std::uintptr_t address) const;
+  // Bytes behind every segment: fixed segments' sizes plus expandable segments' mapped pages.
   std::size_t reserved_bytes() const { return reserved_; }
   std::size_t count() const { return segments_.size(); }
   // Every segment, in address order.
@@ -42,6 +72,8 @@ class SegmentSource {
   std::vector<Segment*> all() const;
 
  private:
+  Segment* add(std::uintptr_t address, std::size_t bytes, PoolKind pool, MemoryPool* owner, Stream stream);
+
   Backend& backend_;
   const int device_;
   std::map<std::uintptr_t, std::unique_ptr<Segment>> segments_;  // by address

@@ -71,7 +71,9 @@ std::string Allocator::snapshot_json() const {
         {"stream", s.stream},
         {"segment_type", s.is_large ? "large" : "small"},
         {"segment_pool_id", nlohmann::json::array({s.pool.first, s.pool.second})},
-        {"is_expandable", false},
+        {"is_expandable", s.expandable},
+        // streamalloc's own: an expandable segment's reserved address range (0 for a fixed segment)
+        {"reserved_address_bytes", s.reserved_address_bytes},
         {"frames", nlohmann::json::array()},
         {"blocks", blocks},
     });
@@ -211,6 +213,8 @@ SegmentInfo read_segment(const Fields& segment) {
     malformed(segment.path("segment_type"), fmt::format("unknown segment type \"{}\" (expected large or small)", type));
   }
   s.is_large = type == "large";
+  s.expandable = segment.bool_field("is_expandable");
+  s.reserved_address_bytes = segment.unsigned_field("reserved_address_bytes");
   const json& pool = segment.array_field("segment_pool_id", false);  // absent in older snapshots
   if (!pool.empty()) {
     if (pool.size() != 2) malformed(segment.path("segment_pool_id"), "expected a pair of integers");

@@ -16,6 +16,8 @@ const char* to_string(TraceAction action) {
     case TraceAction::kOom: return "oom";
     case TraceAction::kSnapshot: return "snapshot";
     case TraceAction::kRecordStream: return "record_stream";
+    case TraceAction::kSegmentMap: return "segment_map";
+    case TraceAction::kSegmentUnmap: return "segment_unmap";
   }
   return "unknown";
 }

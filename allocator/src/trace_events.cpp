@@ -70,6 +70,11 @@ void segment(TraceSink& sink, TraceAction action, int device, const Segment& seg
   sink.record(make_entry(action, device, segment.address, segment.size, segment.stream, segment.owner->id), true);
 }
 
+void segment_pages(TraceSink& sink, TraceAction action, int device, const Segment& segment, std::uintptr_t address,
+                   std::size_t bytes) {
+  sink.record(make_entry(action, device, address, bytes, segment.stream, segment.owner->id), true);
+}
+
 void record_stream(TraceSink& sink, int device, const Block& block, Stream stream) {
   TraceEntry entry = entry_for(TraceAction::kRecordStream, device, block);
   entry.pending_streams = {stream};

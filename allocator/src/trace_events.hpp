@@ -19,6 +19,9 @@ namespace streamalloc::trace_events {
 [[gnu::cold]] void fenced_free_completed(TraceSink& sink, int device, const Block& block, Stream fence_stream,
                                          const Fence* fence);
 [[gnu::cold]] void segment(TraceSink& sink, TraceAction action, int device, const Segment& segment);
+// kSegmentMap / kSegmentUnmap: `bytes` of pages at `address` of an expandable segment.
+[[gnu::cold]] void segment_pages(TraceSink& sink, TraceAction action, int device, const Segment& segment,
+                                 std::uintptr_t address, std::size_t bytes);
 [[gnu::cold]] void record_stream(TraceSink& sink, int device, const Block& block, Stream stream);
 [[gnu::cold]] void out_of_memory(TraceSink& sink, int device, std::size_t device_free, std::size_t size,
                                  Stream stream, PoolId pool);

@@ -25,7 +25,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   FuzzConfig config;
   constexpr CrossStreamReuse kPolicies[] = {CrossStreamReuse::kNever, CrossStreamReuse::kSettled,
                                             CrossStreamReuse::kWait};
-  config.policy = kPolicies[source.below(3)];
+  const auto setting = source.below(6);  // a policy, with or without expandable segments
+  config.policy = kPolicies[setting % 3];
+  config.expandable_segments = setting >= 3;
   config.streams = 2 + static_cast<int>(source.below(3));
   config.memory_limit = (std::size_t{64} << source.below(3)) * MiB;  // 64, 128 or 256 MiB
 
@@ -38,8 +40,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   runner.finish();
   if (!runner.failure().empty()) {
-    std::fprintf(stderr, "streamalloc_fuzz: cross_stream_reuse:%s, %d streams, %zu MiB: %s\nlast operations:\n%s",
-                 to_string(config.policy), config.streams, config.memory_limit / MiB, runner.failure().c_str(),
+    std::fprintf(stderr,
+                 "streamalloc_fuzz: cross_stream_reuse:%s, expandable_segments:%d, %d streams, %zu MiB: %s\nlast "
+                 "operations:\n%s",
+                 to_string(config.policy), config.expandable_segments ? 1 : 0, config.streams, config.memory_limit / MiB, runner.failure().c_str(),
                  runner.trace().c_str());
     std::abort();
   }

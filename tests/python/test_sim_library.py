@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from streamalloc import _inspect, _native, report
+from streamalloc import _conf, _inspect, _native, report
 from support import REPO, SCRIPTS, HAS_TORCH, last_json, requires_extension, requires_native, run_code, run_python
 
 HEADER = (REPO / "allocator" / "include" / "streamalloc" / "streamalloc.h").read_text()
@@ -215,4 +215,17 @@ def test_resolve_conf_layers_keyword_options_and_names_the_source():
     assert "audit:warn" in resolved["conf"]
     with pytest.raises(_native.ConfigError, match="malformed item 'x' in --conf"):
         lib.resolve_conf("", "x", "--conf")
+    assert not lib.is_initialized()
+
+
+def test_expandable_segments_takes_pythons_bool_and_pytorchs_spelling():
+    # enable(expandable_segments=True) spells the bool as "1"; PyTorch's users write "True".
+    lib = _native.CLibrary(_native.find_c_library())
+    for spelled in (_conf.options_conf({"expandable_segments": True}), "expandable_segments:True"):
+        resolved = json.loads(lib.resolve_conf("", spelled, "the test"))
+        assert resolved["options"]["expandable_segments"] == "true"
+    off = json.loads(lib.resolve_conf("", _conf.options_conf({"expandable_segments": False}), "the test"))
+    assert off["options"]["expandable_segments"] == "false"
+    with pytest.raises(_native.ConfigError, match="accepted: true\\|false\\|True\\|False\\|1\\|0"):
+        lib.resolve_conf("", "expandable_segments:yes", "the test")
     assert not lib.is_initialized()

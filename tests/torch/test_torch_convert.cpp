@@ -79,3 +79,31 @@ TEST(TorchConvert, EveryDeviceStatsFieldCarriesStreamallocsNumber) {
 
 }  // namespace
 }  // namespace streamalloc::torch
+
+namespace streamalloc::torch {
+namespace {
+
+// An expandable segment is marked as PyTorch marks its own (is_expandable), fixed ones are not, and the
+// configuration says which the allocator runs with.
+TEST(TorchConvert, SnapshotMarksExpandableSegments) {
+  SegmentInfo fixed;
+  fixed.address = 0x100000;
+  fixed.total_size = 2 * MiB;
+  fixed.blocks.push_back(BlockInfo{});
+  fixed.blocks.back().size = 2 * MiB;
+  SegmentInfo expandable = fixed;
+  expandable.address = 0x10000000;
+  expandable.expandable = true;
+  expandable.reserved_address_bytes = 64 * MiB;
+  const Options options = Options::parse("expandable_segments:true");
+  const auto snapshot = to_torch_snapshot({fixed, expandable}, 1, options);
+  ASSERT_EQ(snapshot.segments.size(), 2u);
+  EXPECT_FALSE(snapshot.segments[0].is_expandable);
+  EXPECT_TRUE(snapshot.segments[1].is_expandable);
+  EXPECT_EQ(snapshot.segments[1].total_size, 2 * MiB);
+  EXPECT_TRUE(snapshot.config_metadata.expandable_segments);
+  EXPECT_FALSE(to_torch_snapshot({fixed}, 1, Options{}).config_metadata.expandable_segments);
+}
+
+}  // namespace
+}  // namespace streamalloc::torch

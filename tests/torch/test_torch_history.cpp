@@ -203,3 +203,35 @@ TEST_F(TorchHistoryTest, UserMetadataRoundTrips) {
 
 }  // namespace
 }  // namespace streamalloc::torch
+
+namespace streamalloc::torch {
+namespace {
+
+// With expandable segments the trace shows PyTorch's SEGMENT_MAP and SEGMENT_UNMAP, which memory_viz
+// draws as a segment growing and shrinking, and the snapshot marks the segment expandable.
+TEST(TorchHistoryExpandable, MapsAndUnmapsAreSegmentMapAndSegmentUnmap) {
+  auto allocator = std::make_shared<TorchAllocator>(Options::parse("backend:sim,expandable_segments:true"));
+  TorchAllocator::set_current(allocator.get());
+  allocator->init(1);
+  Allocator& core = *allocator->core();
+  allocator->recordHistory(true, nullptr, 100, RecordContext::NEVER, false, {});
+  void* p = core.allocate(3 * MiB, 0, 0);
+  const SnapshotInfo grown = allocator->snapshot();
+  ASSERT_EQ(grown.segments.size(), 1u);
+  EXPECT_TRUE(grown.segments[0].is_expandable);
+  core.deallocate(p);
+  core.empty_cache();
+  std::vector<TraceEntry::Action> actions;
+  const SnapshotInfo emptied = allocator->snapshot();
+  for (const TraceEntry& e : emptied.device_traces.at(0)) {
+    if (e.action_ != TraceEntry::ALLOC && e.action_ != TraceEntry::FREE_REQUESTED &&
+        e.action_ != TraceEntry::FREE_COMPLETED && e.action_ != TraceEntry::SNAPSHOT) {
+      actions.push_back(e.action_);
+    }
+  }
+  EXPECT_EQ(actions, (std::vector<TraceEntry::Action>{TraceEntry::SEGMENT_MAP, TraceEntry::SEGMENT_UNMAP}));
+  TorchAllocator::set_current(nullptr);
+}
+
+}  // namespace
+}  // namespace streamalloc::torch

@@ -69,6 +69,7 @@ c10::cuda::CUDACachingAllocator::SnapshotInfo to_torch_snapshot(const std::vecto
     s.active_size = segment.active_size;
     s.stream = reinterpret_cast<void*>(segment.stream);
     s.is_large = segment.is_large;
+    s.is_expandable = segment.expandable;
     // PyTorch's snapshot calls it segment_pool_id; cudagraph trees find their pool's blocks by it.
     s.owner_private_pool_id = {static_cast<c10::CaptureId_t>(segment.pool.first),
                                static_cast<c10::CaptureId_t>(segment.pool.second)};
@@ -99,7 +100,7 @@ c10::cuda::CUDACachingAllocator::SnapshotInfo to_torch_snapshot(const std::vecto
   config.max_split_size =
       options.max_split_size_bytes == 0 ? std::numeric_limits<std::size_t>::max() : options.max_split_size_bytes;
   config.pinned_num_register_threads = 0;
-  config.expandable_segments = false;
+  config.expandable_segments = options.expandable_segments;
   config.release_lock_on_malloc = false;
   config.pinned_use_host_register = false;
   config.graph_capture_record_stream_reuse = false;

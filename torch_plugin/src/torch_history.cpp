@@ -121,6 +121,8 @@ c10::CachingDeviceAllocator::TraceEntry::Action to_torch_action(TraceAction acti
     case TraceAction::kSegmentAlloc: return A::SEGMENT_ALLOC;
     case TraceAction::kSegmentFree: return A::SEGMENT_FREE;
     case TraceAction::kOom: return A::OOM;
+    case TraceAction::kSegmentMap: return A::SEGMENT_MAP;
+    case TraceAction::kSegmentUnmap: return A::SEGMENT_UNMAP;
     case TraceAction::kSnapshot:
     case TraceAction::kRecordStream: break;
   }

@@ -30,13 +30,18 @@ struct BlockInfo {
 struct SegmentInfo {
   int device = 0;
   std::uintptr_t address = 0;
-  std::size_t total_size = 0;
+  std::size_t total_size = 0;  // bytes behind it (of an expandable segment: its mapped pages)
   std::size_t allocated_size = 0;
   std::size_t active_size = 0;
   std::size_t requested_size = 0;
   bool is_large = false;
   Stream stream = 0;  // stream the segment was reserved for
   PoolId pool;        // the memory pool the segment belongs to ({0, 0}: the default pool)
+  // An expandable segment (the expandable_segments option) grows and shrinks in place; as in PyTorch's
+  // snapshots, each run of its mapped pages is reported as a segment of its own (total_size: the run),
+  // inside a reserved address range of reserved_address_bytes (0 for a fixed segment).
+  bool expandable = false;
+  std::size_t reserved_address_bytes = 0;
   std::vector<BlockInfo> blocks;  // in address order
 };
 

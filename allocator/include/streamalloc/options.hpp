@@ -51,6 +51,10 @@ struct Options {
   std::size_t quarantine_bytes = 0;         // delay reuse of this many freed bytes (FIFO)
   bool check_sync = false;                  // happens-before check of record_stream vs waits
   std::size_t pending_history = 0;          // keep the last N changes of pending bytes per stream
+  // The default pool grows one segment per (stream, size class) in place by mapping pages, as PyTorch's
+  // expandable_segments:True (docs/design.md, "Expandable segments"); fixed segments where the backend
+  // has no virtual memory.
+  bool expandable_segments = false;
   // Simulated device (backend:sim) only: OptionGroup::kSimulator.
   std::size_t sim_memory_bytes = 4ull << 30;
   int sim_devices = 1;

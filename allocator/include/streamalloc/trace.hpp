@@ -26,8 +26,10 @@ enum class TraceAction : std::uint8_t {
   kOom,            // an allocation failed; `address` holds the device's free bytes, as PyTorch's
   kSnapshot,       // the block table was read (segments()), to line snapshots up with the trace
   kRecordStream,   // streamalloc's: `stream` was added to a live block's uses (record_stream)
+  kSegmentMap,     // pages were mapped into an expandable segment (`address`, `size`: the pages)
+  kSegmentUnmap,   // pages of an expandable segment were unmapped and given back
 };
-inline constexpr int kTraceActions = 8;
+inline constexpr int kTraceActions = 10;
 
 // PyTorch's name of an action ("alloc", "free_requested", ...; "record_stream" for streamalloc's own).
 const char* to_string(TraceAction action);

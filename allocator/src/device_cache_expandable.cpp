@@ -1,0 +1,212 @@
+// DeviceCache: expandable segments (docs/design.md, "Expandable segments"), PyTorch's
+// expandable_segments:True made stream-aware. With the option on, the default pool's memory comes from
+// one segment per (stream, size class): a reserved address range whose blocks cover exactly its mapped
+// pages. When no cached block serves an allocation, the stream's segment grows after its last block by
+// whole pages: that block grows when the stream may take it, else the new pages are a block of their
+// own. Blocks inside split, merge, settle and go pending exactly as in fixed segments. The whole pages
+// inside free blocks are unmapped by empty_cache(), the memory cap and the OOM path
+// (release_free_segments), and a segment with nothing left mapped gives its range back.
+#include <algorithm>
+#include <atomic>
+#include <iterator>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "device_cache.hpp"
+#include "logging.hpp"
+
+namespace streamalloc {
+namespace {
+
+std::size_t round_up(std::size_t bytes, std::size_t page) { return (bytes + page - 1) / page * page; }
+
+}  // namespace
+
+void DeviceCache::set_up_expandable_segments() {
+  if (!options_.expandable_segments) return;
+  if (!backend_.supports_virtual_memory(device_)) {
+    static std::atomic<bool> told{false};
+    if (!told.exchange(true)) {
+      log().warn("expandable_segments: the {} backend has no virtual memory on device {}; the cache uses fixed "
+                 "segments there (docs/options.md)",
+                 backend_.name(), device_);
+    }
+    return;
+  }
+  expandable_page_bytes_ = backend_.vm_granularity(device_);
+}
+
+Block* DeviceCache::grow_expandable(PoolKind kind, std::size_t size, Stream stream) {
+  const std::size_t page = expandable_page_bytes_;
+  const auto key = std::make_pair(stream, kind);
+  if (auto found = growing_.find(key); found != growing_.end()) {
+    Segment* segment = found->second;
+    Block* tail = segment->tail;
+    // The last block grows when this allocation may take it: free in the lists (not parked, held or
+    // pending), and owned by this stream or settled where this stream may take settled blocks. Else
+    // the new pages are a block of their own, handed out at once (the caller takes it), so they never
+    // merge into a block of another stream.
+    const bool extend = !tail->in_shard && tail->state == BlockState::kFree && !tail->held && !tail->hot &&
+                        (tail->settled ? options_.cross_stream_reuse != CrossStreamReuse::kNever || tail->stream == stream
+                                       : tail->stream == stream) &&
+                        tail->size < size;
+    const std::size_t bytes = round_up(extend ? size - tail->size : size, page);
+    if (segment->span() + bytes <= segment->address_range) {
+      if (segments_.reserved_bytes() + bytes > memory_cap()) return nullptr;
+      Block* added = segments_.grow(segment, bytes);
+      if (added == nullptr) return nullptr;
+      if (trace_ != nullptr) {
+        trace_events::segment_pages(*trace_, TraceAction::kSegmentMap, device_, *segment, added->address, bytes);
+      }
+      ++stats_.num_device_alloc;
+      stat_increase(&DeviceStats::reserved_bytes, kind, static_cast<std::int64_t>(bytes));
+      if (!extend) {
+        refresh_split(added->prev);  // a block alone in its segment is split from now on
+        insert_free(added);
+        return added;
+      }
+      remove_free(tail);
+      Block* grown = FreeLists::merge(tail, added);
+      insert_free(grown);
+      return grown;
+    }
+    // The range is full: a new segment takes over the growing; this one keeps its blocks and still
+    // gives free pages back.
+  }
+
+  const std::size_t bytes = round_up(size, page);
+  if (segments_.reserved_bytes() + bytes > memory_cap()) return nullptr;
+  // As PyTorch's, a range can map the whole device, so one segment serves a stream's large blocks; the
+  // small blocks' range is an eighth of it, and a full range is followed by a new one.
+  const std::size_t share = kind == PoolKind::kLarge ? device_total_.load() : device_total_.load() / 8;
+  const std::size_t range = std::max(bytes, round_up(share, page));
+  SegmentSource::Refusal why = SegmentSource::Refusal::kNone;
+  Segment* segment = segments_.reserve_expandable(kind, &default_pool_, range, bytes, stream, &why);
+  if (segment == nullptr) {
+    // Without address space the memory may still be there: a fixed segment, as without the option.
+    return why == SegmentSource::Refusal::kNoAddressSpace ? reserve_fixed_segment(default_pool_, kind, size, stream)
+                                                          : nullptr;
+  }
+  growing_[key] = segment;
+  // As PyTorch's history: maps and unmaps, never segment_alloc/segment_free, for expandable segments.
+  if (trace_ != nullptr) {
+    trace_events::segment_pages(*trace_, TraceAction::kSegmentMap, device_, *segment, segment->address, bytes);
+  }
+  ++default_pool_.segments;
+  ++stats_.num_device_alloc;
+  stat_increase(&DeviceStats::segment, kind, 1);
+  stat_increase(&DeviceStats::reserved_bytes, kind, static_cast<std::int64_t>(bytes));
+  insert_free(segment->head);
+  return segment->head;
+}
+
+// Unmapping synchronizes the device (the backend's contract), so the caller does it outside captures,
+// for all segments at once (release_free_segments). Only free blocks that no stream can touch
+// (settled, in the free lists) give pages back: pending, parked and held blocks keep theirs. A backend
+// error changes nothing.
+std::size_t DeviceCache::trim_expandable(Segment* segment) {
+  const std::size_t page = expandable_page_bytes_;
+  auto unmappable = [](const Block* b) {
+    return !b->in_shard && b->state == BlockState::kFree && b->settled && !b->held;
+  };
+  // The whole pages inside each free block. Gathered first: unmapping splits and deletes blocks, but
+  // only the one it unmaps from.
+  std::vector<Block*> candidates;
+  for (Block* b = segment->head; b != nullptr; b = b->next) {
+    if (unmappable(b)) candidates.push_back(b);
+  }
+  const PoolKind kind = segment->pool;
+  std::size_t released = 0;
+  for (Block* block : candidates) {
+    if (block->prev == nullptr && block->next == nullptr) {  // all that is left (whole pages): the segment goes
+      released += release_expandable(segment);
+      break;
+    }
+    const std::uintptr_t base = segment->address;
+    const std::uintptr_t first = base + round_up(block->address - base, page);
+    const std::uintptr_t last = base + (block->address + block->size - base) / page * page;
+    if (first >= last) continue;
+    Block* before = block->prev;
+    Block* after = block->next;
+    remove_free(block);
+    SegmentSource::Pieces pieces;
+    try {
+      pieces = segments_.unmap(segment, block, first, last - first);
+    } catch (...) {  // a backend error: nothing was unmapped
+      insert_free(block);
+      throw;
+    }
+    ++stats_.num_device_free;
+    stat_decrease(&DeviceStats::reserved_bytes, kind, static_cast<std::int64_t>(last - first));
+    if (trace_ != nullptr) {
+      trace_events::segment_pages(*trace_, TraceAction::kSegmentUnmap, device_, *segment, first, last - first);
+    }
+    released += last - first;
+    if (pieces.before != nullptr) insert_free(pieces.before);
+    if (pieces.after != nullptr) insert_free(pieces.after);
+    if (pieces.before == nullptr) {  // the block went: its neighbours may be alone now
+      if (before != nullptr) refresh_split(before);
+      if (after != nullptr && after != pieces.after) refresh_split(after);
+    }
+  }
+  return released;
+}
+
+// A segment whose one block is free and settled: its pages are unmapped and its range released.
+std::size_t DeviceCache::release_expandable(Segment* segment) {
+  Block* only = segment->head;
+  const std::size_t bytes = segment->size;
+  const PoolKind kind = segment->pool;
+  MemoryPool* owner = segment->owner;
+  const std::uintptr_t at = only->address;
+  remove_free(only);
+  if (trace_ != nullptr) {
+    trace_events::segment_pages(*trace_, TraceAction::kSegmentUnmap, device_, *segment, at, bytes);
+  }
+  try {
+    segments_.release(segment);
+  } catch (...) {  // a backend error: nothing was unmapped
+    insert_free(only);
+    throw;
+  }
+  for (auto it = growing_.begin(); it != growing_.end();) it = it->second == segment ? growing_.erase(it) : std::next(it);
+  --owner->segments;
+  ++stats_.num_device_free;
+  stat_decrease(&DeviceStats::segment, kind, 1);
+  stat_decrease(&DeviceStats::reserved_bytes, kind, static_cast<std::int64_t>(bytes));
+  return bytes;
+}
+
+// A block's neighbour came or went (its segment grew past it, or the block next to it was unmapped
+// whole), so it may have been alone in its segment or may be now: its split state changed, and so must
+// what depends on it. A block in its stream's shard keeps the flag the fast path reads (written under
+// the shard's lock); a free block counts in inactive_split exactly while it is split.
+void DeviceCache::refresh_split(Block* block) {
+  if (block->in_shard) {
+    stream_state(block->stream);  // locks its shard for the rest of the call
+    block->split_in_shard = block->is_split();
+  }
+  if (block->state != BlockState::kFree) return;
+  if (block->is_split()) {
+    count_inactive_split(block);
+  } else {
+    uncount_inactive_split(block);
+  }
+}
+
+void DeviceCache::validate_expandable(const Segment* segment) const {
+  const std::size_t page = expandable_page_bytes_;
+  auto broken = [this](const std::string& what) {
+    throw std::logic_error("streamalloc invariant broken on device " + std::to_string(device_) + ": " + what);
+  };
+  if (!segment->expandable()) return;
+  if (page == 0 || segment->owner != &default_pool_) broken("an expandable segment outside the default pool");
+  if (segment->address % page != 0 || segment->size == 0 || segment->size % page != 0 ||
+      segment->address_range % page != 0 || segment->span() > segment->address_range ||
+      (segment->head->address - segment->address) % page != 0 || segment->span() % page != 0) {
+    broken("an expandable segment's blocks do not cover whole pages of its range");
+  }
+}
+
+}  // namespace streamalloc
