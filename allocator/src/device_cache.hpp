@@ -64,8 +64,9 @@ class DeviceCache {
   DeviceCache& operator=(const DeviceCache&) = delete;
 
   void* allocate(std::size_t requested, Stream stream);
-  // Frees a live block of this device; false (nothing changed) when `ptr` is not live here.
-  bool deallocate(void* ptr, std::size_t size_hint, Stream stream_hint);
+  // Frees a live block of this device; false (nothing changed) when `ptr` is not live here. `stream`:
+  // the free's stream, 0 when unknown; then `look_first` names the stream whose shard is tried first.
+  bool deallocate(void* ptr, std::size_t size_hint, Stream stream, Stream look_first = 0);
   // Counts a rejected free and throws the error that says which mistake it was.
   [[noreturn]] void reject_free(const void* ptr);
   // Adds `stream` to a live block's uses; false (nothing changed, nothing counted) when `ptr` is not

@@ -14,17 +14,19 @@ void DeviceCache::reject_free(const void* ptr) {
   throw_bad_free(ptr, "free");
 }
 
-bool DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hint) {
+bool DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hint, Stream look_first) {
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-  // The common path: a block of `stream_hint` without other uses goes back to its hot list, under
+  // A free without a stream adds no use, so the block may go back to whichever shard holds it.
+  const Stream shard_stream = stream_hint != 0 ? stream_hint : look_first;
+  // The common path: a block of `shard_stream` without other uses goes back to its hot list, under
   // the shard lock alone (device_cache_shards.cpp).
   if (fast_path_.load(std::memory_order_relaxed)) {
-    if (StreamState* shard = shards_.find(stream_hint)) {
+    if (StreamState* shard = shards_.find(shard_stream)) {
       if (free_to_shard(*shard, address, size_hint)) return true;
     }
   }
   DeviceLock lock(*this);
-  Block* block = find_live(address, stream_hint);
+  Block* block = find_live(address, shard_stream);
   if (block == nullptr) return false;
   if (size_hint != 0 && size_hint != block->requested) {
     ++stats_.invalid_frees;
