@@ -30,13 +30,16 @@ std::string hex(std::uintptr_t value) { return fmt::format("{:#x}", value); }
 
 // Where this thread allocated last: a free that names no device (PyTorch's DataPtr deleter gets only
 // the pointer) looks there first, since a thread mostly frees what it allocated, on the stream it
-// allocated it on. Only a first guess: the caches check it with one lookup each.
+// allocated it on. Only a first guess: the caches check it with one lookup each. Initial-exec TLS,
+// as mimalloc's and tcmalloc's shared libraries use for their per-thread state: a plain %fs-relative
+// store on every allocation instead of a __tls_get_addr call (these 24 bytes come from the static TLS
+// surplus the C library keeps for libraries loaded later, such as this one under Python).
 struct LastAllocation {
   const Allocator* allocator = nullptr;
   int device = -1;
   Stream stream = 0;
 };
-thread_local LastAllocation t_last_allocation;
+__attribute__((tls_model("initial-exec"))) thread_local LastAllocation t_last_allocation;
 
 }  // namespace
 

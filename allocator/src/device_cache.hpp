@@ -184,8 +184,13 @@ class DeviceCache {
   bool free_to_shard(StreamState& shard, std::uintptr_t address, std::size_t size_hint);
   // Hand out a block parked in `shard`'s hot list (its lock held); shared by both paths.
   void hand_out_parked(StreamState& shard, Block* block, std::size_t requested);
-  // A live block of this device, its shard locked; nullptr when none. `hint`'s shard is tried first.
-  Block* find_live(std::uintptr_t address, Stream hint);
+  // A block enters or leaves its stream's shard (allocated, or parked in its hot list): device-locked
+  // code only, with the shard locked, keeping in_shard and the index of shard blocks in step.
+  void enter_shard(Block* block);
+  void leave_shard(Block* block);
+  // A live block of this device, its shard locked; nullptr when none. One lookup in the index of shard
+  // blocks, one shard lock, whatever the number of streams.
+  Block* find_live(std::uintptr_t address);
   std::size_t live_count() const;
   // Whether the fast path may run: no debugging aid, no trace sink (allocation history records under the
   // device lock), no open route, no use recorded during a capture. Recomputed under the device lock
@@ -244,17 +249,17 @@ class DeviceCache {
   void count_inactive_split(Block* block, bool split) {
     if (block->counted_inactive_split || !split) return;
     block->counted_inactive_split = true;
-    shard_stat_increase(&DeviceStats::inactive_split, block->segment->pool, 1);
-    shard_stat_increase(&DeviceStats::inactive_split_bytes, block->segment->pool,
-                        static_cast<std::int64_t>(block->size));
+    std::lock_guard<SpinLock> guard(stats_lock_);
+    stat_increase(&DeviceStats::inactive_split, block->segment->pool, 1);
+    stat_increase(&DeviceStats::inactive_split_bytes, block->segment->pool, static_cast<std::int64_t>(block->size));
   }
   void count_inactive_split(Block* block) { count_inactive_split(block, block->is_split()); }
   void uncount_inactive_split(Block* block) {
     if (!block->counted_inactive_split) return;
     block->counted_inactive_split = false;
-    shard_stat_decrease(&DeviceStats::inactive_split, block->segment->pool, 1);
-    shard_stat_decrease(&DeviceStats::inactive_split_bytes, block->segment->pool,
-                        static_cast<std::int64_t>(block->size));
+    std::lock_guard<SpinLock> guard(stats_lock_);
+    stat_decrease(&DeviceStats::inactive_split, block->segment->pool, 1);
+    stat_decrease(&DeviceStats::inactive_split_bytes, block->segment->pool, static_cast<std::int64_t>(block->size));
   }
 
   // ---- fences (device_cache_fences.cpp)
@@ -287,9 +292,9 @@ class DeviceCache {
   void for_each_stat(F&& visit);
   // The aggregate and the block's pool move together (inline: a pair of calls costs ten of these).
   // The stats the fast path changes too (allocation, allocated_bytes, requested_bytes, active,
-  // active_bytes, inactive_split, inactive_split_bytes) change only under stats_lock_: through the
-  // shard_stat_* calls, or the grouped account_* calls of the two fast paths; the others
-  // (segment, reserved_bytes) under the device lock alone.
+  // active_bytes, inactive_split, inactive_split_bytes) change only under stats_lock_, one section
+  // per account_* or (un)count_inactive_split call; the others (segment, reserved_bytes) under the
+  // device lock alone.
   void stat_increase(StatArray DeviceStats::*field, PoolKind pool, std::int64_t amount) {
     (stats_.*field)[0].increase(amount);
     (stats_.*field)[pool_index(pool)].increase(amount);
@@ -297,14 +302,6 @@ class DeviceCache {
   void stat_decrease(StatArray DeviceStats::*field, PoolKind pool, std::int64_t amount) {
     (stats_.*field)[0].decrease(amount);
     (stats_.*field)[pool_index(pool)].decrease(amount);
-  }
-  void shard_stat_increase(StatArray DeviceStats::*field, PoolKind pool, std::int64_t amount) {
-    std::lock_guard<SpinLock> guard(stats_lock_);
-    stat_increase(field, pool, amount);
-  }
-  void shard_stat_decrease(StatArray DeviceStats::*field, PoolKind pool, std::int64_t amount) {
-    std::lock_guard<SpinLock> guard(stats_lock_);
-    stat_decrease(field, pool, amount);
   }
   void account_allocated(const Block* block, std::size_t requested);  // handed out (and active)
   void account_freed(const Block* block);                             // no longer allocated
@@ -347,6 +344,10 @@ class DeviceCache {
   // Live or pending blocks with uses recorded on a stream while it captured (the capture rule).
   std::map<Block*, std::vector<Stream>> capture_uses_;
   std::map<Stream, std::unique_ptr<StreamState>> streams_;  // the shards; grows only, under the device lock
+  // Every block in a shard (allocated or parked), by address: where device-locked code finds a block
+  // without asking every shard. The fast path moves blocks only within their shard, so it never
+  // changes this; in_shard and this index change together, under the device lock.
+  LiveMap shard_blocks_;
   StreamState* last_stream_ = nullptr;  // one-entry cache in front of streams_ for device-locked calls
   EventPool events_;
   DeviceStats stats_;

@@ -26,7 +26,7 @@ bool DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hin
     }
   }
   DeviceLock lock(*this);
-  Block* block = find_live(address, shard_stream);
+  Block* block = find_live(address);
   if (block == nullptr) return false;
   if (size_hint != 0 && size_hint != block->requested) {
     ++stats_.invalid_frees;
@@ -51,7 +51,7 @@ bool DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hin
 void DeviceCache::free_live(Block* block) {
   if (!capture_uses_.empty()) drop_ended_capture_uses();
   stream_state(block->stream).live.erase(block->address);
-  block->in_shard = false;
+  leave_shard(block);
   account_freed(block);
   if (size_policy::is_oversize(block->size, options_)) stats_.oversize_allocations.decrease(1);
   if (aids_ != nullptr) aids_->on_free(*block);
@@ -69,7 +69,7 @@ void DeviceCache::free_live(Block* block) {
 
 bool DeviceCache::record_stream(void* ptr, Stream stream) {
   DeviceLock lock(*this);
-  Block* block = find_live(reinterpret_cast<std::uintptr_t>(ptr), stream);
+  Block* block = find_live(reinterpret_cast<std::uintptr_t>(ptr));
   if (block == nullptr) return false;
   ++stats_.record_stream_calls;
   if (stream == block->stream) {
@@ -156,10 +156,10 @@ void DeviceCache::free_to_owner(Block* block) {
   if ((aids_ == nullptr || !aids_->holds_blocks()) && block->segment->owner == &default_pool_ &&
       owner.fences.completed_seq() < block->settle_seq) {
     block->hot = true;
-    block->in_shard = true;
-    block->split_in_shard = block->is_split();
+    enter_shard(block);
     count_inactive_split(block);
     owner.hot.push_back(block);
+    owner.publish_hot();
     if (owner.hot.size() > StreamState::kHotBlocks) flush_hot(owner, StreamState::kHotBlocks / 2);
     return;
   }

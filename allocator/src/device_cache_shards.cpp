@@ -11,6 +11,7 @@
 namespace streamalloc {
 
 void* DeviceCache::allocate_parked(StreamState& shard, std::size_t requested) {
+  if (shard.parked.load(std::memory_order_relaxed) == 0) return nullptr;  // nothing parked: not even a look
   // Unknown device size, or a request larger than the device: the device-locked path reports it.
   const std::size_t total = device_total_.load(std::memory_order_relaxed);
   if (total == 0 || requested > total) return nullptr;
@@ -56,6 +57,7 @@ bool DeviceCache::free_to_shard(StreamState& shard, std::uintptr_t address, std:
   block->settle_seq = shard.fences.join_as_owner();
   block->hot = true;
   shard.hot.push_back(block);
+  shard.publish_hot();
   return true;
 }
 

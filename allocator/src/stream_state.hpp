@@ -5,7 +5,9 @@
 // "Locking").
 #pragma once
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "block.hpp"
@@ -44,6 +46,11 @@ struct StreamState {
   // one back without splitting or merging (the common alloc/free loop). Oldest first.
   static constexpr std::size_t kHotBlocks = 8;
   std::vector<Block*> hot;
+  // hot.size(), republished under the lock after every change (publish_hot) so that an allocation
+  // can see without the lock that nothing is parked, and go straight to the device-locked path. A
+  // stale value only sends it the long way round or into the lock for nothing.
+  std::atomic<std::uint32_t> parked{0};
+  void publish_hot() { parked.store(static_cast<std::uint32_t>(hot.size()), std::memory_order_relaxed); }
   LiveMap live;            // the blocks allocated on this stream and not freed yet, by address
   SettleList settle_list;  // device lock only
   // Device lock only: the device-locked operation now running holds `lock` (DeviceCache::lock_shard).
