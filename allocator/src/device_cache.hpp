@@ -306,8 +306,13 @@ class DeviceCache {
   void account_allocated(const Block* block, std::size_t requested);  // handed out (and active)
   void account_freed(const Block* block);                             // no longer allocated
   void account_inactive(Block* block);  // no longer active: its requested bytes leave the stats
-  void account_parked(Block* block);  // freed to its stream's hot list: freed, inactive, inactive split
-  void account_unparked(Block* block, std::size_t requested);  // taken from it: allocated
+  // Fast paths, `shard` locked: freed to its hot list (freed, inactive, inactive split); taken from it
+  // (allocated). Current values and peaks under stats_lock_, the totals in the shard.
+  void account_parked(StreamState& shard, Block* block);
+  void account_unparked(StreamState& shard, Block* block, std::size_t requested);
+  // The device's stats with every shard's totals added: the device lock, every shard lock and
+  // stats_lock_ held.
+  DeviceStats stats_with_shard_totals() const;
   std::int64_t allocated_bytes_now() const;
 
   // ---- reports (device_cache_report.cpp)

@@ -262,9 +262,10 @@ void DeviceCache::validate() const {
   }
   pools[0] = all;
   static const char* const kPoolNames[] = {"all", "small_pool", "large_pool"};
+  const DeviceStats stats = stats_with_shard_totals();
   for (int p = 0; p < kPoolKinds; ++p) {
 #define STREAMALLOC_CHECK(name, kind, help) \
-  check_stat(device_, (std::string(#name ".") + kPoolNames[p]).c_str(), stats_.name[p], pools[p].name, !accumulated_reset_);
+  check_stat(device_, (std::string(#name ".") + kPoolNames[p]).c_str(), stats.name[p], pools[p].name, !accumulated_reset_);
     STREAMALLOC_POOL_STATS(STREAMALLOC_CHECK)
 #undef STREAMALLOC_CHECK
   }
