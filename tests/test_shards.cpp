@@ -323,5 +323,36 @@ TEST_F(Shards, FreesTheFastPathCannotFinishEndAsBefore) {
   ASSERT_NO_THROW(allocator_->validate());
 }
 
+// Device-locked calls find a block through the index of shard blocks, whichever of many streams holds
+// it: record_stream from another stream, frees that name another stream or none, and double frees of
+// blocks parked in some stream's hot list.
+TEST_F(Shards, DeviceLockedCallsFindBlocksAmongManyStreams) {
+  std::vector<Stream> streams;
+  for (int s = 0; s < 96; ++s) streams.push_back(sim_->create_stream(0));
+  std::vector<std::pair<void*, Stream>> blocks;
+  for (int round = 0; round < 3; ++round) {
+    for (const Stream s : streams) blocks.emplace_back(allocator_->allocate(4 * KiB, 0, s), s);
+  }
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    const auto [ptr, stream] = blocks[i];
+    const Stream other = streams[(i * 7 + 1) % streams.size()];
+    if (i % 3 == 0) allocator_->record_stream(ptr, other);
+    if (i % 3 == 1) {
+      allocator_->deallocate(ptr, 4 * KiB, -1, other);  // one more use
+    } else {
+      allocator_->deallocate(ptr, 0, -1, i % 2 == 0 ? stream : 0);
+    }
+  }
+  const DeviceStats stats = allocator_->stats(0);
+  EXPECT_EQ(stats.allocation[0].current, 0);
+  EXPECT_EQ(stats.record_stream_unknown_ptr, 0) << "record_stream did not find a live block";
+  EXPECT_EQ(stats.pending_blocks.allocated, 2 * static_cast<std::int64_t>(blocks.size() / 3)) << "uses went missing";
+  ASSERT_NO_THROW(allocator_->validate());
+  // Each block is freed (pending, parked or in the free lists): a second free is refused by name.
+  for (const auto& [ptr, stream] : blocks) EXPECT_THROW(allocator_->deallocate(ptr, 0, -1, 0), Error);
+  EXPECT_EQ(allocator_->stats(0).invalid_frees, static_cast<std::int64_t>(blocks.size()));
+  ASSERT_NO_THROW(allocator_->validate());
+}
+
 }  // namespace
 }  // namespace streamalloc

@@ -35,6 +35,12 @@ DeviceCache::~DeviceCache() {
 
 // Streams are checked once, when the cache first sees them, so the hot path pays only a lookup.
 StreamState& DeviceCache::find_or_add_stream(Stream stream) {
+  // The shard table first: one hashed probe where the map walks a tree (calls that touch two streams
+  // alternate between them and miss last_stream_ every time).
+  if (StreamState* shard = shards_.find(stream)) {
+    last_stream_ = shard;
+    return *shard;
+  }
   auto it = streams_.find(stream);
   if (it == streams_.end()) {
     const int owner = backend_.stream_device(stream);
@@ -65,18 +71,23 @@ void DeviceCache::unlock_shards() const {
   locked_shards_.clear();
 }
 
-Block* DeviceCache::find_live(std::uintptr_t address, Stream hint) {
-  auto hinted = streams_.find(hint);
-  if (hinted != streams_.end()) {
-    lock_shard(*hinted->second);
-    if (Block* block = hinted->second->live.find(address)) return block;
-  }
-  for (const auto& [stream, state] : streams_) {
-    if (stream == hint) continue;
-    lock_shard(*state);
-    if (Block* block = state->live.find(address)) return block;
-  }
-  return nullptr;
+// Out of device_cache_shards.cpp, so that the fast path's own live-table insert stays inlined there.
+void DeviceCache::enter_shard(Block* block) {
+  block->in_shard = true;
+  block->split_in_shard = block->is_split();
+  shard_blocks_.insert(block->address, block);
+}
+
+void DeviceCache::leave_shard(Block* block) {
+  block->in_shard = false;
+  shard_blocks_.erase(block->address);
+}
+
+Block* DeviceCache::find_live(std::uintptr_t address) {
+  Block* block = shard_blocks_.find(address);
+  if (block == nullptr) return nullptr;
+  stream_state(block->stream);  // its shard, locked: the fast path may have parked it meanwhile
+  return block->state == BlockState::kAllocated ? block : nullptr;
 }
 
 std::size_t DeviceCache::live_count() const {
@@ -90,7 +101,7 @@ std::size_t DeviceCache::live_count() const {
 
 bool DeviceCache::owns_live(const void* ptr) const {
   DeviceLock lock(*this);
-  return const_cast<DeviceCache*>(this)->find_live(reinterpret_cast<std::uintptr_t>(ptr), 0) != nullptr;
+  return const_cast<DeviceCache*>(this)->find_live(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
 }
 
 bool DeviceCache::owns_address(const void* ptr) const {

@@ -64,8 +64,9 @@ class DeviceCache {
   DeviceCache& operator=(const DeviceCache&) = delete;
 
   void* allocate(std::size_t requested, Stream stream);
-  // Frees a live block of this device; false (nothing changed) when `ptr` is not live here.
-  bool deallocate(void* ptr, std::size_t size_hint, Stream stream_hint);
+  // Frees a live block of this device; false (nothing changed) when `ptr` is not live here. `stream`:
+  // the free's stream, 0 when unknown; then `look_first` names the stream whose shard is tried first.
+  bool deallocate(void* ptr, std::size_t size_hint, Stream stream, Stream look_first = 0);
   // Counts a rejected free and throws the error that says which mistake it was.
   [[noreturn]] void reject_free(const void* ptr);
   // Adds `stream` to a live block's uses; false (nothing changed, nothing counted) when `ptr` is not
@@ -183,8 +184,13 @@ class DeviceCache {
   bool free_to_shard(StreamState& shard, std::uintptr_t address, std::size_t size_hint);
   // Hand out a block parked in `shard`'s hot list (its lock held); shared by both paths.
   void hand_out_parked(StreamState& shard, Block* block, std::size_t requested);
-  // A live block of this device, its shard locked; nullptr when none. `hint`'s shard is tried first.
-  Block* find_live(std::uintptr_t address, Stream hint);
+  // A block enters or leaves its stream's shard (allocated, or parked in its hot list): device-locked
+  // code only, with the shard locked, keeping in_shard and the index of shard blocks in step.
+  void enter_shard(Block* block);
+  void leave_shard(Block* block);
+  // A live block of this device, its shard locked; nullptr when none. One lookup in the index of shard
+  // blocks, one shard lock, whatever the number of streams.
+  Block* find_live(std::uintptr_t address);
   std::size_t live_count() const;
   // Whether the fast path may run: no debugging aid, no trace sink (allocation history records under the
   // device lock), no open route, no use recorded during a capture. Recomputed under the device lock
@@ -245,17 +251,17 @@ class DeviceCache {
   void count_inactive_split(Block* block, bool split) {
     if (block->counted_inactive_split || !split) return;
     block->counted_inactive_split = true;
-    shard_stat_increase(&DeviceStats::inactive_split, block->segment->pool, 1);
-    shard_stat_increase(&DeviceStats::inactive_split_bytes, block->segment->pool,
-                        static_cast<std::int64_t>(block->size));
+    std::lock_guard<SpinLock> guard(stats_lock_);
+    stat_increase(&DeviceStats::inactive_split, block->segment->pool, 1);
+    stat_increase(&DeviceStats::inactive_split_bytes, block->segment->pool, static_cast<std::int64_t>(block->size));
   }
   void count_inactive_split(Block* block) { count_inactive_split(block, block->is_split()); }
   void uncount_inactive_split(Block* block) {
     if (!block->counted_inactive_split) return;
     block->counted_inactive_split = false;
-    shard_stat_decrease(&DeviceStats::inactive_split, block->segment->pool, 1);
-    shard_stat_decrease(&DeviceStats::inactive_split_bytes, block->segment->pool,
-                        static_cast<std::int64_t>(block->size));
+    std::lock_guard<SpinLock> guard(stats_lock_);
+    stat_decrease(&DeviceStats::inactive_split, block->segment->pool, 1);
+    stat_decrease(&DeviceStats::inactive_split_bytes, block->segment->pool, static_cast<std::int64_t>(block->size));
   }
 
   // ---- fences (device_cache_fences.cpp)
@@ -306,9 +312,9 @@ class DeviceCache {
   void for_each_stat(F&& visit);
   // The aggregate and the block's pool move together (inline: a pair of calls costs ten of these).
   // The stats the fast path changes too (allocation, allocated_bytes, requested_bytes, active,
-  // active_bytes, inactive_split, inactive_split_bytes) change only under stats_lock_: through the
-  // shard_stat_* calls, or the grouped account_* calls of the two fast paths; the others
-  // (segment, reserved_bytes) under the device lock alone.
+  // active_bytes, inactive_split, inactive_split_bytes) change only under stats_lock_, one section
+  // per account_* or (un)count_inactive_split call; the others (segment, reserved_bytes) under the
+  // device lock alone.
   void stat_increase(StatArray DeviceStats::*field, PoolKind pool, std::int64_t amount) {
     (stats_.*field)[0].increase(amount);
     (stats_.*field)[pool_index(pool)].increase(amount);
@@ -317,19 +323,16 @@ class DeviceCache {
     (stats_.*field)[0].decrease(amount);
     (stats_.*field)[pool_index(pool)].decrease(amount);
   }
-  void shard_stat_increase(StatArray DeviceStats::*field, PoolKind pool, std::int64_t amount) {
-    std::lock_guard<SpinLock> guard(stats_lock_);
-    stat_increase(field, pool, amount);
-  }
-  void shard_stat_decrease(StatArray DeviceStats::*field, PoolKind pool, std::int64_t amount) {
-    std::lock_guard<SpinLock> guard(stats_lock_);
-    stat_decrease(field, pool, amount);
-  }
   void account_allocated(const Block* block, std::size_t requested);  // handed out (and active)
   void account_freed(const Block* block);                             // no longer allocated
   void account_inactive(Block* block);  // no longer active: its requested bytes leave the stats
-  void account_parked(Block* block);  // freed to its stream's hot list: freed, inactive, inactive split
-  void account_unparked(Block* block, std::size_t requested);  // taken from it: allocated
+  // Fast paths, `shard` locked: freed to its hot list (freed, inactive, inactive split); taken from it
+  // (allocated). Current values and peaks under stats_lock_, the totals in the shard.
+  void account_parked(StreamState& shard, Block* block);
+  void account_unparked(StreamState& shard, Block* block, std::size_t requested);
+  // The device's stats with every shard's totals added: the device lock, every shard lock and
+  // stats_lock_ held.
+  DeviceStats stats_with_shard_totals() const;
   std::int64_t allocated_bytes_now() const;
 
   // ---- reports (device_cache_report.cpp)
@@ -366,6 +369,10 @@ class DeviceCache {
   // Live or pending blocks with uses recorded on a stream while it captured (the capture rule).
   std::map<Block*, std::vector<Stream>> capture_uses_;
   std::map<Stream, std::unique_ptr<StreamState>> streams_;  // the shards; grows only, under the device lock
+  // Every block in a shard (allocated or parked), by address: where device-locked code finds a block
+  // without asking every shard. The fast path moves blocks only within their shard, so it never
+  // changes this; in_shard and this index change together, under the device lock.
+  LiveMap shard_blocks_;
   StreamState* last_stream_ = nullptr;  // one-entry cache in front of streams_ for device-locked calls
   EventPool events_;
   DeviceStats stats_;

@@ -191,9 +191,8 @@ Block* DeviceCache::hand_out(Block* block, std::size_t requested, Stream stream)
   block->record_stream_calls = 0;
   block->fences_left = 0;
   block->since = coarse_now();
-  block->in_shard = true;
-  block->split_in_shard = block->is_split();
   stream_state(stream).live.insert(block->address, block);
+  enter_shard(block);
   account_allocated(block, requested);
   if (size_policy::is_oversize(block->size, options_)) stats_.oversize_allocations.increase(1);
   if (aids_ != nullptr) aids_->on_allocate(*block);

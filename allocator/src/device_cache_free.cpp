@@ -14,17 +14,19 @@ void DeviceCache::reject_free(const void* ptr) {
   throw_bad_free(ptr, "free");
 }
 
-bool DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hint) {
+bool DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hint, Stream look_first) {
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-  // The common path: a block of `stream_hint` without other uses goes back to its hot list, under
+  // A free without a stream adds no use, so the block may go back to whichever shard holds it.
+  const Stream shard_stream = stream_hint != 0 ? stream_hint : look_first;
+  // The common path: a block of `shard_stream` without other uses goes back to its hot list, under
   // the shard lock alone (device_cache_shards.cpp).
   if (fast_path_.load(std::memory_order_relaxed)) {
-    if (StreamState* shard = shards_.find(stream_hint)) {
+    if (StreamState* shard = shards_.find(shard_stream)) {
       if (free_to_shard(*shard, address, size_hint)) return true;
     }
   }
   DeviceLock lock(*this);
-  Block* block = find_live(address, stream_hint);
+  Block* block = find_live(address);
   if (block == nullptr) return false;
   if (size_hint != 0 && size_hint != block->requested) {
     ++stats_.invalid_frees;
@@ -49,7 +51,7 @@ bool DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hin
 void DeviceCache::free_live(Block* block) {
   if (!capture_uses_.empty()) drop_ended_capture_uses();
   stream_state(block->stream).live.erase(block->address);
-  block->in_shard = false;
+  leave_shard(block);
   account_freed(block);
   if (size_policy::is_oversize(block->size, options_)) stats_.oversize_allocations.decrease(1);
   if (aids_ != nullptr) aids_->on_free(*block);
@@ -67,7 +69,7 @@ void DeviceCache::free_live(Block* block) {
 
 bool DeviceCache::record_stream(void* ptr, Stream stream) {
   DeviceLock lock(*this);
-  Block* block = find_live(reinterpret_cast<std::uintptr_t>(ptr), stream);
+  Block* block = find_live(reinterpret_cast<std::uintptr_t>(ptr));
   if (block == nullptr) return false;
   ++stats_.record_stream_calls;
   if (stream == block->stream) {
@@ -154,10 +156,10 @@ void DeviceCache::free_to_owner(Block* block) {
   if ((aids_ == nullptr || !aids_->holds_blocks()) && block->segment->owner == &default_pool_ &&
       owner.fences.completed_seq() < block->settle_seq) {
     block->hot = true;
-    block->in_shard = true;
-    block->split_in_shard = block->is_split();
+    enter_shard(block);
     count_inactive_split(block);
     owner.hot.push_back(block);
+    owner.publish_hot();
     if (owner.hot.size() > StreamState::kHotBlocks) flush_hot(owner, StreamState::kHotBlocks / 2);
     return;
   }

@@ -55,6 +55,7 @@ Block* DeviceCache::take_hot(StreamState& state, std::size_t size) {
     Block* block = hot[i];
     if (block->size != size) continue;
     hot.erase(hot.begin() + static_cast<std::ptrdiff_t>(i));
+    state.publish_hot();
     return block;
   }
   return nullptr;
@@ -66,11 +67,12 @@ void DeviceCache::flush_hot(StreamState& state, std::size_t keep) {
   const std::size_t flush = hot.size() - keep;
   std::vector<Block*> oldest(hot.begin(), hot.begin() + static_cast<std::ptrdiff_t>(flush));
   hot.erase(hot.begin(), hot.begin() + static_cast<std::ptrdiff_t>(flush));
+  state.publish_hot();
   // One at a time: a block still marked hot is not merged, so no block in `oldest` is merged away
   // (and deleted) before its own turn.
   for (Block* block : oldest) {
     block->hot = false;
-    block->in_shard = false;
+    leave_shard(block);
     uncount_inactive_split(block);
     enter_free_lists(block);
   }

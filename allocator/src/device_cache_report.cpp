@@ -63,7 +63,7 @@ std::vector<SegmentInfo> DeviceCache::segments() const {
 
 std::size_t DeviceCache::requested_size_of(const void* ptr) const {
   DeviceLock lock(*this);
-  const Block* block = const_cast<DeviceCache*>(this)->find_live(reinterpret_cast<std::uintptr_t>(ptr), 0);
+  const Block* block = const_cast<DeviceCache*>(this)->find_live(reinterpret_cast<std::uintptr_t>(ptr));
   return block == nullptr ? 0 : block->requested;
 }
 

@@ -11,6 +11,7 @@
 namespace streamalloc {
 
 void* DeviceCache::allocate_parked(StreamState& shard, std::size_t requested) {
+  if (shard.parked.load(std::memory_order_relaxed) == 0) return nullptr;  // nothing parked: not even a look
   // Unknown device size, or a request larger than the device: the device-locked path reports it.
   const std::size_t total = device_total_.load(std::memory_order_relaxed);
   if (total == 0 || requested > total) return nullptr;
@@ -31,7 +32,7 @@ void DeviceCache::hand_out_parked(StreamState& shard, Block* block, std::size_t 
   block->fences_left = 0;
   block->since = coarse_now();
   shard.live.insert(block->address, block);
-  account_unparked(block, requested);
+  account_unparked(shard, block, requested);
   if (size_policy::is_oversize(block->size, options_)) stats_.oversize_allocations.increase(1);  // device-locked only
   if (aids_ != nullptr) aids_->on_allocate(*block);
   if (trace_ != nullptr) trace_events::alloc(*trace_, device_, *block);  // device-locked only: tracing stops the fast path
@@ -47,7 +48,7 @@ bool DeviceCache::free_to_shard(StreamState& shard, std::uintptr_t address, std:
     return false;
   }
   shard.live.erase(address);
-  account_parked(block);
+  account_parked(shard, block);
   block->requested = 0;
   block->since = coarse_now();
   block->state = BlockState::kFree;
@@ -56,40 +57,84 @@ bool DeviceCache::free_to_shard(StreamState& shard, std::uintptr_t address, std:
   block->settle_seq = shard.fences.join_as_owner();
   block->hot = true;
   shard.hot.push_back(block);
+  shard.publish_hot();
   return true;
 }
 
-// One stats_lock_ section per fast path: account_allocated, less the inactive split it was.
-void DeviceCache::account_unparked(Block* block, std::size_t requested) {
-  const PoolKind pool = block->segment->pool;
-  const auto size = static_cast<std::int64_t>(block->size);
-  std::lock_guard<SpinLock> guard(stats_lock_);
-  if (block->counted_inactive_split) {
-    block->counted_inactive_split = false;
-    stat_decrease(&DeviceStats::inactive_split, pool, 1);
-    stat_decrease(&DeviceStats::inactive_split_bytes, pool, size);
+// Current values and peaks change in one stats_lock_ section per fast path; the accumulated totals go
+// to the shard, under its lock (docs/design.md, "Locking", "Stats stay exact").
+namespace {
+void raise(StatArray& stat, int pool, std::int64_t amount) {
+  for (Stat* s : {&stat[0], &stat[static_cast<std::size_t>(pool)]}) {
+    s->current += amount;
+    if (s->current > s->peak) s->peak = s->current;
   }
-  stat_increase(&DeviceStats::allocation, pool, 1);
-  stat_increase(&DeviceStats::allocated_bytes, pool, size);
-  stat_increase(&DeviceStats::requested_bytes, pool, static_cast<std::int64_t>(requested));
-  stat_increase(&DeviceStats::active, pool, 1);
-  stat_increase(&DeviceStats::active_bytes, pool, size);
+}
+void lower(StatArray& stat, int pool, std::int64_t amount) {
+  stat[0].current -= amount;
+  stat[static_cast<std::size_t>(pool)].current -= amount;
+}
+}  // namespace
+
+// account_allocated, less the inactive split it was.
+void DeviceCache::account_unparked(StreamState& shard, Block* block, std::size_t requested) {
+  const int pool = pool_index(block->segment->pool);
+  const auto size = static_cast<std::int64_t>(block->size);
+  const auto asked = static_cast<std::int64_t>(requested);
+  const bool was_split = block->counted_inactive_split;
+  block->counted_inactive_split = false;
+  {
+    std::lock_guard<SpinLock> guard(stats_lock_);
+    if (was_split) {
+      lower(stats_.inactive_split, pool, 1);
+      lower(stats_.inactive_split_bytes, pool, size);
+    }
+    raise(stats_.allocation, pool, 1);
+    raise(stats_.allocated_bytes, pool, size);
+    raise(stats_.requested_bytes, pool, asked);
+    raise(stats_.active, pool, 1);
+    raise(stats_.active_bytes, pool, size);
+  }
+  ShardTotals& t = shard.totals;
+  if (was_split) {
+    ShardTotals::decrease(t.inactive_split, pool, 1);
+    ShardTotals::decrease(t.inactive_split_bytes, pool, size);
+  }
+  ShardTotals::increase(t.allocation, pool, 1);
+  ShardTotals::increase(t.allocated_bytes, pool, size);
+  ShardTotals::increase(t.requested_bytes, pool, asked);
+  ShardTotals::increase(t.active, pool, 1);
+  ShardTotals::increase(t.active_bytes, pool, size);
 }
 
 // account_freed and account_inactive, plus the inactive split it becomes.
-void DeviceCache::account_parked(Block* block) {
-  const PoolKind pool = block->segment->pool;
+void DeviceCache::account_parked(StreamState& shard, Block* block) {
+  const int pool = pool_index(block->segment->pool);
   const auto size = static_cast<std::int64_t>(block->size);
-  std::lock_guard<SpinLock> guard(stats_lock_);
-  stat_decrease(&DeviceStats::allocation, pool, 1);
-  stat_decrease(&DeviceStats::allocated_bytes, pool, size);
-  stat_decrease(&DeviceStats::requested_bytes, pool, static_cast<std::int64_t>(block->requested));
-  stat_decrease(&DeviceStats::active, pool, 1);
-  stat_decrease(&DeviceStats::active_bytes, pool, size);
-  if (block->split_in_shard && !block->counted_inactive_split) {
-    block->counted_inactive_split = true;
-    stat_increase(&DeviceStats::inactive_split, pool, 1);
-    stat_increase(&DeviceStats::inactive_split_bytes, pool, size);
+  const auto asked = static_cast<std::int64_t>(block->requested);
+  const bool becomes_split = block->split_in_shard && !block->counted_inactive_split;
+  if (becomes_split) block->counted_inactive_split = true;
+  {
+    std::lock_guard<SpinLock> guard(stats_lock_);
+    lower(stats_.allocation, pool, 1);
+    lower(stats_.allocated_bytes, pool, size);
+    lower(stats_.requested_bytes, pool, asked);
+    lower(stats_.active, pool, 1);
+    lower(stats_.active_bytes, pool, size);
+    if (becomes_split) {
+      raise(stats_.inactive_split, pool, 1);
+      raise(stats_.inactive_split_bytes, pool, size);
+    }
+  }
+  ShardTotals& t = shard.totals;
+  ShardTotals::decrease(t.allocation, pool, 1);
+  ShardTotals::decrease(t.allocated_bytes, pool, size);
+  ShardTotals::decrease(t.requested_bytes, pool, asked);
+  ShardTotals::decrease(t.active, pool, 1);
+  ShardTotals::decrease(t.active_bytes, pool, size);
+  if (becomes_split) {
+    ShardTotals::increase(t.inactive_split, pool, 1);
+    ShardTotals::increase(t.inactive_split_bytes, pool, size);
   }
 }
 

@@ -1,23 +1,32 @@
-// DeviceCache: the stats, copied out and reset. They are updated where blocks change state; those the
-// per-stream fast path changes too, under stats_lock_ (docs/design.md, "Locking").
+// DeviceCache: the stats, copied out and reset. They are updated where blocks change state; the current
+// values and peaks of those the per-stream fast path changes too under stats_lock_, its totals in each
+// shard (docs/design.md, "Locking").
 #include "device_cache.hpp"
 
 namespace streamalloc {
 
-// Under both locks: the device lock keeps the device-locked fields still, stats_lock_ the others,
-// so the copy is one consistent point of the device's history (every fast path before or after it).
+// Under every lock: the device lock keeps the device-locked fields still, the shard locks the totals
+// each fast path keeps, stats_lock_ the current values and peaks, so the copy is one consistent point of
+// the device's history (every fast path before or after it).
 DeviceStats DeviceCache::stats() const {
   DeviceLock lock(*this);
+  lock_all_shards();
   DeviceStats copy;
   {
     std::lock_guard<SpinLock> guard(stats_lock_);
-    copy = stats_;
+    copy = stats_with_shard_totals();
   }
   for (const auto& [stream, state] : streams_) {
     const StreamPending& p = state->fences.pending_stats();
     if (p.pending_blocks.allocated != 0 || p.pending_blocks.current != 0) copy.per_stream[stream] = p;
   }
   return copy;
+}
+
+DeviceStats DeviceCache::stats_with_shard_totals() const {
+  DeviceStats sum = stats_;
+  for (const auto& [stream, state] : streams_) state->totals.add_to(sum);
+  return sum;
 }
 
 // Every Stat the cache keeps, for the two resets.
@@ -45,8 +54,10 @@ void DeviceCache::reset_peak_stats() {
 
 void DeviceCache::reset_accumulated_stats() {
   DeviceLock lock(*this);
+  lock_all_shards();
   std::lock_guard<SpinLock> guard(stats_lock_);
   for_each_stat([](Stat& s) { s.reset_accumulated(); });
+  for (auto& [stream, state] : streams_) state->totals = ShardTotals{};
 #define STREAMALLOC_RESET_COUNT(name, help) stats_.name = 0;
   STREAMALLOC_EVENT_COUNTS(STREAMALLOC_RESET_COUNT)
   STREAMALLOC_STREAM_COUNTS(STREAMALLOC_RESET_COUNT)

@@ -44,7 +44,7 @@ void DeviceCache::validate() const {
   std::int64_t pending_blocks = 0, pending_bytes = 0, oversize_allocations = 0, oversize_segments = 0;
   auto oversize = [&](std::size_t size) { return size_policy::is_oversize(size, options_); };
   std::size_t free_blocks[2] = {0, 0};  // unsettled, settled
-  std::size_t live_blocks = 0, shard_live = 0;
+  std::size_t live_blocks = 0, shard_live = 0, shard_indexed = 0;
   std::size_t held = 0, held_bytes = 0, hot_blocks = 0, hot_listed = 0;
   std::size_t reserved = 0;
 
@@ -169,6 +169,11 @@ void DeviceCache::validate() const {
       if (b->in_shard && b->split_in_shard != b->is_split()) {
         broken(device_, "block " + hex(b->address) + " of a shard has a stale split flag");
       }
+      if ((shard_blocks_.find(b->address) == b) != b->in_shard) {
+        broken(device_, "block " + hex(b->address) + (b->in_shard ? " is in a shard but not in the index of shard blocks"
+                                                                   : " is in the index of shard blocks but in no shard"));
+      }
+      if (b->in_shard) ++shard_indexed;
       switch (b->state) {
         case BlockState::kAllocated:
           if (live != b) broken(device_, "allocated block " + hex(b->address) + " is not in the live table");
@@ -258,6 +263,7 @@ void DeviceCache::validate() const {
   if (held != 0 && (aids_ == nullptr || !aids_->holds_blocks())) broken(device_, "a block is held but no aid holds blocks");
   if (reserved != segments_.reserved_bytes()) broken(device_, "reserved byte count disagrees with the segments");
   if (live_blocks != shard_live) broken(device_, "the live table holds blocks that are not in any segment");
+  if (shard_indexed != shard_blocks_.size()) broken(device_, "the index of shard blocks holds blocks of no segment");
   std::size_t indexed[2] = {0, 0};
   for (const auto& [pool, segments] : pool_segments) {
     if (pool->segments != segments) broken(device_, "a pool's segment count disagrees with its segments");
@@ -274,9 +280,10 @@ void DeviceCache::validate() const {
   }
   pools[0] = all;
   static const char* const kPoolNames[] = {"all", "small_pool", "large_pool"};
+  const DeviceStats stats = stats_with_shard_totals();
   for (int p = 0; p < kPoolKinds; ++p) {
 #define STREAMALLOC_CHECK(name, kind, help) \
-  check_stat(device_, (std::string(#name ".") + kPoolNames[p]).c_str(), stats_.name[p], pools[p].name, !accumulated_reset_);
+  check_stat(device_, (std::string(#name ".") + kPoolNames[p]).c_str(), stats.name[p], pools[p].name, !accumulated_reset_);
     STREAMALLOC_POOL_STATS(STREAMALLOC_CHECK)
 #undef STREAMALLOC_CHECK
   }

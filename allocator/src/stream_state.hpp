@@ -5,15 +5,61 @@
 // "Locking").
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "block.hpp"
 #include "fence_queue.hpp"
 #include "live_map.hpp"
 #include "spin_lock.hpp"
+#include "streamalloc/stats.hpp"
 
 namespace streamalloc {
+
+// The stats the per-stream fast path changes (docs/design.md, "Locking").
+#define STREAMALLOC_FAST_PATH_STATS(X) \
+  X(allocation)                        \
+  X(allocated_bytes)                   \
+  X(requested_bytes)                   \
+  X(active)                            \
+  X(active_bytes)                      \
+  X(inactive_split)                    \
+  X(inactive_split_bytes)
+
+// What one shard's fast path added to the accumulated totals of those stats (Stat::allocated and
+// Stat::freed; current and peak are the device's, under its stats lock). Written under the shard lock,
+// summed into the device's stats when they are read, zeroed by reset_accumulated_stats.
+struct ShardTotals {
+  struct Sums {
+    std::int64_t allocated = 0;
+    std::int64_t freed = 0;
+  };
+  using SumArray = std::array<Sums, kPoolKinds>;
+#define STREAMALLOC_DECLARE_SUMS(name) SumArray name{};
+  STREAMALLOC_FAST_PATH_STATS(STREAMALLOC_DECLARE_SUMS)
+#undef STREAMALLOC_DECLARE_SUMS
+
+  static void increase(SumArray& sums, int pool, std::int64_t amount) {
+    sums[0].allocated += amount;
+    sums[static_cast<std::size_t>(pool)].allocated += amount;
+  }
+  static void decrease(SumArray& sums, int pool, std::int64_t amount) {
+    sums[0].freed += amount;
+    sums[static_cast<std::size_t>(pool)].freed += amount;
+  }
+  void add_to(DeviceStats& stats) const {
+#define STREAMALLOC_ADD_SUMS(name)                             \
+  for (std::size_t i = 0; i < name.size(); ++i) {              \
+    stats.name[i].allocated += name[i].allocated;              \
+    stats.name[i].freed += name[i].freed;                      \
+  }
+    STREAMALLOC_FAST_PATH_STATS(STREAMALLOC_ADD_SUMS)
+#undef STREAMALLOC_ADD_SUMS
+  }
+};
 
 // The free blocks a stream owns (unsettled), in settle_seq order: a completed fence settles a prefix.
 // Intrusive, through Block::settle_prev/settle_next.
@@ -44,7 +90,13 @@ struct StreamState {
   // one back without splitting or merging (the common alloc/free loop). Oldest first.
   static constexpr std::size_t kHotBlocks = 8;
   std::vector<Block*> hot;
+  // hot.size(), republished under the lock after every change (publish_hot) so that an allocation
+  // can see without the lock that nothing is parked, and go straight to the device-locked path. A
+  // stale value only sends it the long way round or into the lock for nothing.
+  std::atomic<std::uint32_t> parked{0};
+  void publish_hot() { parked.store(static_cast<std::uint32_t>(hot.size()), std::memory_order_relaxed); }
   LiveMap live;            // the blocks allocated on this stream and not freed yet, by address
+  ShardTotals totals;      // the fast path's share of the accumulated stats
   SettleList settle_list;  // device lock only
   // Device lock only: the device-locked operation now running holds `lock` (DeviceCache::lock_shard).
   bool locked_by_device = false;

@@ -61,12 +61,18 @@ c10::DeviceIndex current_device() {
 
 // The base class insists on an alloc and a free function. Every path that would call them is
 // overridden below; they route to streamalloc anyway so that a base-class path added in a later
-// PyTorch still allocates from the same place.
+// PyTorch still allocates from the same place. The base class's free names the block's size, device
+// and allocation stream (kept in its own table), which take the free straight to its shard.
 TorchAllocator::TorchAllocator(Options options)
     : Base([this](size_t size, int device, cudaStream_t stream) {
              return allocate_on(size, static_cast<c10::DeviceIndex>(device), stream);
            },
-           [](void* ptr, size_t, int, cudaStream_t) { delete_block(ptr); }),
+           [this](void* ptr, size_t size, int device, cudaStream_t stream) {
+             if (ptr == nullptr) return;
+             streamalloc::Allocator* core = this->core();
+             TORCH_CHECK(core != nullptr, "streamalloc: free of a pointer streamalloc never handed out");
+             torch_errors([&] { free_block(*core, ptr, size, device, stream); });
+           }),
       options_(std::move(options)) {}
 
 void TorchAllocator::set_current(TorchAllocator* allocator) {
@@ -108,17 +114,20 @@ void* TorchAllocator::allocate_on(size_t size, c10::DeviceIndex device, cudaStre
   return ptr;
 }
 
-void TorchAllocator::free_block(streamalloc::Allocator& core, void* ptr) {
+// A DataPtr's deleter gets the pointer alone (its context must stay the pointer: c10's raw_allocate
+// and simple-DataPtr checks compare them, and cudagraph trees compare deleters with raw_deleter()), so
+// the deleter's frees name no device or stream and the core looks them up.
+void TorchAllocator::free_block(streamalloc::Allocator& core, void* ptr, size_t size, int device, cudaStream_t stream) {
   std::optional<TraceContextScope> context;
   if (history_.enabled()) context.emplace(history_.context_for(RecordContext::ALL));
   if (!c10::memoryProfilingEnabled()) {
-    core.deallocate(ptr);
+    core.deallocate(ptr, size, device, to_stream(stream));
     return;
   }
-  const std::int64_t size = static_cast<std::int64_t>(core.requested_size_of(ptr));
-  const int device = core.device_of(ptr);
-  core.deallocate(ptr);
-  if (device >= 0) report_to_profiler(core, ptr, -size, device);
+  const std::int64_t requested = static_cast<std::int64_t>(core.requested_size_of(ptr));
+  const int owner = device >= 0 ? device : core.device_of(ptr);
+  core.deallocate(ptr, size, device, to_stream(stream));
+  if (owner >= 0) report_to_profiler(core, ptr, -requested, owner);
 }
 
 // The bytes are the requested sizes, at allocation and at free alike, so that the profiler's running

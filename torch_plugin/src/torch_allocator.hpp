@@ -112,7 +112,9 @@ class TorchAllocator final : public ::torch::cuda::CUDAPluggableAllocator::CUDAP
   [[noreturn]] void throw_out_of_memory(const Error& error, size_t size, c10::DeviceIndex device);
   static void delete_block(void* ptr);
   // A free with the history's context set and the profiler told; throws what the core throws.
-  void free_block(streamalloc::Allocator& core, void* ptr);
+  // `size`, `device`, `stream`: 0, -1, nullptr where the caller does not know them (the DataPtr deleter).
+  void free_block(streamalloc::Allocator& core, void* ptr, size_t size = 0, int device = -1,
+                  cudaStream_t stream = nullptr);
   // torch.profiler(profile_memory=True): `bytes` (negative for a free) and the device's totals after it.
   static void report_to_profiler(streamalloc::Allocator& core, void* ptr, std::int64_t bytes, int device);
 

@@ -42,10 +42,12 @@ class Allocator {
   // Error(kInvalidArgument) for a bad device, Error(kShutdown) after shutdown().
   void* allocate(std::size_t size, int device, Stream stream);
   // `size` must be the requested size or 0 (unknown); `device` must be the block's device or -1
-  // (look it up: the device whose cache has seen `stream` first). Passing the allocation stream lets
-  // the free take that stream's lock alone. Throws Error(kInvalidArgument) for a double free, a foreign pointer, or a wrong
-  // size or device, and then changes nothing. A `stream` other than the allocation stream is treated
-  // as one more stream the block was used on. nullptr is a no-op.
+  // (unknown: looked up, first on the device whose cache has seen `stream`, or without a stream on the
+  // device and stream this thread allocated on last, then on each other device). Naming the device
+  // and the allocation stream lets the free go straight to that stream's shard and take its lock
+  // alone. Throws Error(kInvalidArgument) for a double free, a foreign pointer, or a wrong size or
+  // device, and then changes nothing. A `stream` other than the allocation stream is treated as one
+  // more stream the block was used on; 0 adds no use. nullptr is a no-op.
   void deallocate(void* ptr, std::size_t size = 0, int device = -1, Stream stream = 0);
   // Never throws for misuse: calls on the allocation stream, repeated calls and calls on pointers that
   // are not live are counted in the stream stats (and reported by the audit). Throws only when the
