@@ -8,24 +8,17 @@
 #include <memory>
 #include <vector>
 
-#include "gpu/gpu_test_util.hpp"
+#include "gpu/gpu_vm_test.hpp"
 #include "gpu/kernels.hpp"
 
 namespace streamalloc::gpu_test {
 namespace {
 
-// Free memory moves a little for the driver's own bookkeeping (page tables, the handles themselves).
-constexpr std::size_t kSlack = 64 * MiB;
-
-class GpuExpandable : public GpuTest {
+class GpuExpandable : public GpuVmTest {
  protected:
   void SetUp() override {
-    GpuTest::SetUp();
+    GpuVmTest::SetUp();
     if (IsSkipped()) return;
-    backend_ = make_cuda_backend();
-    if (!backend_->supports_virtual_memory(0)) {
-      GTEST_SKIP() << "device 0 has no virtual memory management: expandable segments fall back to fixed ones";
-    }
     allocator_ = std::make_unique<Allocator>(Options::parse("expandable_segments:true,log_level:warn"), backend_);
     sum_ = std::make_unique<DeviceArray<std::uint64_t>>(1);
   }
@@ -38,7 +31,6 @@ class GpuExpandable : public GpuTest {
   }
   Allocator& al() { return *allocator_; }
   std::int64_t reserved() { return al().stats(0).reserved_bytes[0].current; }
-  std::size_t free_bytes() { return backend_->memory_info(0).free_bytes; }
 
   // Fills `words` words at `ptr` with `value` on `stream` and checks their sum on the device.
   void write_and_check(void* ptr, std::size_t words, std::uint32_t value, cudaStream_t stream) {
@@ -48,7 +40,6 @@ class GpuExpandable : public GpuTest {
     EXPECT_EQ(sum_->at(0), expected_checksum(words, value)) << "block at " << ptr;
   }
 
-  std::shared_ptr<Backend> backend_;
   std::unique_ptr<Allocator> allocator_;
   std::unique_ptr<DeviceArray<std::uint64_t>> sum_;  // a checksum's result, outside the allocator
 };

@@ -14,33 +14,22 @@
 #include <thread>
 #include <vector>
 
-#include "gpu/gpu_test_util.hpp"
-#include "streamalloc/backend.hpp"
-#include "streamalloc/cuda_backend.hpp"
+#include "gpu/gpu_vm_test.hpp"
 
 namespace streamalloc::gpu_test {
 namespace {
 
-// Free memory moves a little for the driver's own bookkeeping (page tables, the handles themselves).
-constexpr std::size_t kSlack = 64 * MiB;
-
-class GpuVmm : public GpuTest {
+class GpuVmm : public GpuVmTest {
  protected:
   void SetUp() override {
-    GpuTest::SetUp();
+    GpuVmTest::SetUp();
     if (IsSkipped()) return;
-    backend_ = make_cuda_backend();
-    if (!backend_->supports_virtual_memory(0)) {
-      GTEST_SKIP() << "device 0 has no virtual memory management (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)";
-    }
     page_ = backend_->vm_granularity(0);
   }
   Backend& backend() { return *backend_; }
   std::size_t page() const { return page_; }
-  std::size_t free_bytes() { return backend().memory_info(0).free_bytes; }
 
  private:
-  std::shared_ptr<Backend> backend_;
   std::size_t page_ = 0;
 };
 
