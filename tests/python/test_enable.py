@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from streamalloc import _enable
 from support import CUDA_DEVICES, HAS_EXTENSION, requires_extension, requires_native, requires_torch, run_code
 
 pytestmark = [requires_native, requires_torch]
@@ -119,6 +120,16 @@ def test_enabling_without_a_cuda_device_says_so_once():
     assert lines == ["streamalloc: enabled, but this process sees no CUDA device, so streamalloc will serve "
                      "no GPU memory (stats() reports zeros)"], result.stderr
     assert result.stdout.split() == ["False"]  # asking for devices did not initialise CUDA
+
+
+@pytest.mark.parametrize("keywords, warned", [("", True), ("expandable_segments=True", False)])
+def test_pytorchs_expandable_segments_setting_is_named_unless_streamalloc_has_its_own(keywords, warned):
+    result = run_enable(f"streamalloc.enable({keywords})\nprint(streamalloc.enabled_conf())\n",
+                        env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128, expandable_segments:True"})
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "PYTORCH_CUDA_ALLOC_CONF" in line]
+    assert lines == ([_enable.EXPANDABLE_MESSAGE] if warned else []), result.stderr
+    assert ("expandable_segments:true" in result.stdout) == (not warned), result.stdout
 
 
 def test_keyword_options_override_the_environment_and_conf_ignores_it():

@@ -186,7 +186,19 @@ NO_DEVICE_MESSAGE = (
     "streamalloc: enabled, but this process sees no CUDA device, so streamalloc will serve no GPU "
     "memory (stats() reports zeros)"
 )
+EXPANDABLE_MESSAGE = (
+    "streamalloc: PYTORCH_CUDA_ALLOC_CONF sets expandable_segments:True, which configures PyTorch's own "
+    "allocator; streamalloc serves this process with fixed segments. For streamalloc's expandable segments "
+    "set expandable_segments:true in STREAMALLOC_CONF or call streamalloc.enable(expandable_segments=True) "
+    "(docs/options.md)"
+)
 _log = logging.getLogger("streamalloc")
+
+
+def _pytorch_asks_for_expandable_segments() -> bool:
+    """Whether PYTORCH_CUDA_ALLOC_CONF turns on PyTorch's expandable segments (its "key:value,..." syntax)."""
+    items = (item.split(":", 1) for item in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",") if ":" in item)
+    return any(key.strip() == "expandable_segments" and value.strip().lower() in ("true", "1") for key, value in items)
 
 
 def enable(conf: str | None = None, **options: object) -> None:
@@ -233,6 +245,10 @@ def enable_from(conf: str, source: str, options: dict | None = None) -> None:
         _state.enabled_conf = canonical
         if settings.get("check_sync") == "1":
             _sync_trace.forward_to(path)
+    # Said once, at the first enable: a program moved from PyTorch's allocator would otherwise lose the
+    # setting without a word (streamalloc reads its own options only).
+    if settings.get("expandable_segments") != "true" and _pytorch_asks_for_expandable_segments():
+        _log.warning(EXPANDABLE_MESSAGE)
     # Said once, at the first enable. device_count() asks NVML first, which initialises no CUDA context
     # (the program may still fork); PyTorch's lazy CUDA init stays untouched either way.
     if torch.cuda.device_count() == 0:
