@@ -19,6 +19,7 @@
 
 #include "size_policy.hpp"
 #include "streamalloc/allocator.hpp"
+#include "sim_fixture.hpp"
 #include "streamalloc/sim_backend.hpp"
 
 namespace streamalloc {
@@ -48,14 +49,7 @@ std::size_t churn_size(std::mt19937_64& rng, bool large = true) {
 class Shards : public ::testing::Test {
  protected:
   void SetUp() override {
-    SimBackend::Config config;
-    config.mode = SimBackend::Mode::kEager;
-    config.memory_per_device = 4 * GiB;
-    sim_ = std::make_shared<SimBackend>(config);
     for (int t = 0; t < kThreads; ++t) streams_.push_back(sim_->create_stream(0));
-    options_.backend = BackendKind::kSim;
-    options_.log_level = "error";
-    allocator_ = std::make_unique<Allocator>(options_, sim_);
   }
 
   std::size_t rounded(std::size_t requested) const { return size_policy::round_size(requested, options_); }
@@ -66,10 +60,12 @@ class Shards : public ::testing::Test {
     return static_cast<std::int64_t>(size_policy::pool_for(size) == PoolKind::kLarge ? size + size_policy::kSmallSize : size);
   }
 
-  Options options_;
-  std::shared_ptr<SimBackend> sim_;
+  // The simulated device in eager mode (work runs as it is enqueued), room for every thread's blocks.
+  testing::SimSetup setup_{"backend:sim,log_level:error", SimBackend::Mode::kEager, 4 * GiB};
+  const std::shared_ptr<SimBackend>& sim_ = setup_.sim;
+  const std::unique_ptr<Allocator>& allocator_ = setup_.allocator;
+  const Options& options_ = allocator_->options();
   std::vector<Stream> streams_;
-  std::unique_ptr<Allocator> allocator_;
 };
 
 // What the threads hold between rounds, and what they did, to compare with the stats.

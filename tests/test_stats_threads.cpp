@@ -14,6 +14,7 @@
 
 #include "size_policy.hpp"
 #include "streamalloc/allocator.hpp"
+#include "sim_fixture.hpp"
 #include "streamalloc/sim_backend.hpp"
 
 namespace streamalloc {
@@ -33,13 +34,6 @@ struct Done {
 class StatsUnderThreads : public ::testing::Test {
  protected:
   void SetUp() override {
-    SimBackend::Config config;
-    config.mode = SimBackend::Mode::kEager;
-    config.memory_per_device = 4 * GiB;
-    sim_ = std::make_shared<SimBackend>(config);
-    options_.backend = BackendKind::kSim;
-    options_.log_level = "error";
-    allocator_ = std::make_unique<Allocator>(options_, sim_);
     for (int s = 0; s < kThreads * kStreamsPerThread; ++s) streams_.push_back(sim_->create_stream(0));
   }
 
@@ -78,10 +72,12 @@ class StatsUnderThreads : public ::testing::Test {
     return done;
   }
 
-  Options options_;
-  std::shared_ptr<SimBackend> sim_;
+  // The simulated device in eager mode (work runs as it is enqueued), room for every thread's blocks.
+  testing::SimSetup setup_{"backend:sim,log_level:error", SimBackend::Mode::kEager, 4 * GiB};
+  const std::shared_ptr<SimBackend>& sim_ = setup_.sim;
+  const std::unique_ptr<Allocator>& allocator_ = setup_.allocator;
+  const Options& options_ = allocator_->options();
   std::vector<Stream> streams_;
-  std::unique_ptr<Allocator> allocator_;
 };
 
 TEST_F(StatsUnderThreads, AccumulatedTotalsAreExactOnceTheThreadsStop) {
