@@ -1,11 +1,17 @@
-// Accumulated stats under threads (docs/design.md, "Locking", "Stats stay exact"): each shard keeps the
-// totals its fast path adds, and a stats read sums them. Threads on two streams each churn pairs (most
+// Stats under threads (docs/design.md, "Locking", "Stats stay exact"): each shard keeps its part of the
+// stats its fast path changes, and a stats read sums them; the peaks stay exact through the headroom
+// the shards hold (shard_stats.hpp).
+//
+// Totals: each shard keeps the totals its fast path adds, and a stats read sums them. Threads on two streams each churn pairs (most
 // on the fast path, some on the device-locked path, some across streams); once they have stopped, every
 // total is exactly what they did, per size class and in all, and a reset of the accumulated stats
 // restarts them from zero on every shard.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
+#include <condition_variable>
+#include <mutex>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -21,6 +27,30 @@ namespace streamalloc {
 namespace {
 
 constexpr int kThreads = 4;
+
+// All of `count` threads wait until the last arrives; reusable round after round.
+class Barrier {
+ public:
+  explicit Barrier(int count) : count_(count) {}
+  void arrive_and_wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const long round = round_;
+    if (++arrived_ == count_) {
+      arrived_ = 0;
+      ++round_;
+      all_arrived_.notify_all();
+      return;
+    }
+    all_arrived_.wait(lock, [&] { return round_ != round; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable all_arrived_;
+  const int count_;
+  int arrived_ = 0;
+  long round_ = 0;
+};
 constexpr int kStreamsPerThread = 2;
 constexpr int kPairs = 20000;
 
@@ -124,6 +154,117 @@ TEST_F(StatsUnderThreads, AccumulatedTotalsAreExactOnceTheThreadsStop) {
   // The reset zeroed every shard's totals too: round 2's totals start from zero.
   const DeviceStats last = allocator_->stats(0);
   EXPECT_EQ(last.allocation[0].allocated, static_cast<std::int64_t>(kThreads) * kPairs);
+}
+
+// Peaks: threads on their own streams hold blocks in rounds that line up at a barrier, each round a
+// different number per thread, so the aggregate's largest value is known: the largest sum of a round.
+// After the first rounds the hot lists serve every allocation, so the fast paths spend and return the
+// headroom among themselves; the peak must still be that sum exactly (a sum of per-stream peaks would
+// be larger), and restart from the current value after reset_peak_stats.
+TEST_F(StatsUnderThreads, PeakIsExactWhenThreadsPeakTogether) {
+  constexpr int kRounds = 24;
+  constexpr std::size_t kBlock = 64 * KiB;  // small pool: blocks are exactly this size
+  // Blocks held by thread t in round r: at most the hot list's 8, so later rounds run on the fast path.
+  auto held_by = [](int t, int r) { return static_cast<std::size_t>(1 + (t * 3 + r * 5) % 8); };
+  std::vector<std::int64_t> expected_peak(kRounds);  // after round r, from the last reset
+  std::int64_t peak = 0;
+  for (int r = 0; r < kRounds; ++r) {
+    if (r == kRounds / 2) peak = 0;  // reset_peak_stats runs before this round, with nothing live
+    std::int64_t sum = 0;
+    for (int t = 0; t < kThreads; ++t) sum += static_cast<std::int64_t>(held_by(t, r) * kBlock);
+    peak = std::max(peak, sum);
+    expected_peak[static_cast<std::size_t>(r)] = peak;
+  }
+
+  Barrier sync(kThreads + 1);
+  std::vector<std::string> failures(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const Stream stream = streams_[static_cast<std::size_t>(t)];
+      for (int r = 0; r < kRounds; ++r) {
+        std::vector<void*> held;
+        try {
+          for (std::size_t i = 0; i < held_by(t, r); ++i) held.push_back(allocator_->allocate(kBlock, 0, stream));
+        } catch (const std::exception& e) {
+          failures[static_cast<std::size_t>(t)] = e.what();
+        }
+        sync.arrive_and_wait();  // every thread holds its blocks
+        for (void* ptr : held) allocator_->deallocate(ptr, kBlock, 0, stream);
+        sync.arrive_and_wait();  // every block is back; the main thread checks
+        sync.arrive_and_wait();  // the main thread is done
+      }
+    });
+  }
+  for (int r = 0; r < kRounds; ++r) {
+    SCOPED_TRACE("round " + std::to_string(r));
+    sync.arrive_and_wait();
+    sync.arrive_and_wait();
+    ASSERT_NO_THROW(allocator_->validate());
+    const DeviceStats stats = allocator_->stats(0);
+    const std::int64_t peak_bytes = expected_peak[static_cast<std::size_t>(r)];
+    EXPECT_EQ(stats.allocated_bytes[0].current, 0);
+    EXPECT_EQ(stats.allocated_bytes[0].peak, peak_bytes);
+    EXPECT_EQ(stats.allocated_bytes[1].peak, peak_bytes) << "the small pool's peak";
+    EXPECT_EQ(stats.active_bytes[0].peak, peak_bytes);
+    EXPECT_EQ(stats.allocation[0].peak, peak_bytes / static_cast<std::int64_t>(kBlock));
+    EXPECT_EQ(stats.requested_bytes[0].peak, peak_bytes);
+    if (r == kRounds / 2 - 1) allocator_->reset_peak_stats(0);
+    sync.arrive_and_wait();
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (const std::string& failure : failures) EXPECT_EQ(failure, "");
+}
+
+// One thread, many streams, random order: the device's peak of allocated bytes and blocks is the
+// recomputed running maximum after every call, whichever stream's fast path or the device-locked path
+// served it, while headroom moves between the streams (frees on one stream, allocations on another,
+// some frees on another stream, record_stream, a peak reset halfway). validate() checks that every
+// peak is its current plus all headroom.
+TEST_F(StatsUnderThreads, PeakIsTheRunningMaximumAcrossStreams) {
+  std::mt19937_64 rng(11);
+  struct Live {
+    void* ptr;
+    std::size_t size;
+    Stream stream;
+  };
+  std::vector<Live> live;
+  std::int64_t bytes = 0, blocks = 0, peak_bytes = 0, peak_blocks = 0;
+  for (int op = 0; op < 6000; ++op) {
+    const Stream stream = streams_[rng() % streams_.size()];
+    if (live.size() < 40 && rng() % 2 == 0) {
+      static constexpr std::size_t kSizes[] = {512, 4 * KiB, 64 * KiB, 1 * MiB, 3 * MiB};
+      const std::size_t size = kSizes[rng() % 5];
+      live.push_back({allocator_->allocate(size, 0, stream), size, stream});
+      bytes += static_cast<std::int64_t>(size_policy::round_size(size, options_));
+      ++blocks;
+      if (rng() % 16 == 0) allocator_->record_stream(live.back().ptr, streams_[rng() % streams_.size()]);
+    } else if (!live.empty()) {
+      const std::size_t i = rng() % live.size();
+      const Live b = live[i];
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+      allocator_->deallocate(b.ptr, b.size, 0, rng() % 8 == 0 ? stream : b.stream);
+      bytes -= static_cast<std::int64_t>(size_policy::round_size(b.size, options_));
+      --blocks;
+    }
+    if (op == 3000) {
+      allocator_->reset_peak_stats(0);
+      peak_bytes = bytes;
+      peak_blocks = blocks;
+    }
+    peak_bytes = std::max(peak_bytes, bytes);
+    peak_blocks = std::max(peak_blocks, blocks);
+    const DeviceStats stats = allocator_->stats(0);
+    ASSERT_EQ(stats.allocated_bytes[0].current, bytes) << "op " << op;
+    ASSERT_EQ(stats.allocated_bytes[0].peak, peak_bytes) << "op " << op;
+    ASSERT_EQ(stats.allocation[0].peak, peak_blocks) << "op " << op;
+    if (op % 100 == 0) {
+      ASSERT_NO_THROW(allocator_->validate()) << "op " << op;
+    }
+  }
+  for (const Live& b : live) allocator_->deallocate(b.ptr, b.size, 0, b.stream);
+  allocator_->synchronize_fences();
+  ASSERT_NO_THROW(allocator_->validate());
 }
 
 }  // namespace

@@ -9,14 +9,15 @@
 // common path, an allocation served from the stream's hot list and a free of a block without other
 // uses back to it, takes that shard lock alone (device_cache_shards.cpp). Everything else takes the
 // device lock (mutex_) and then the lock of every shard it touches, held until it returns (DeviceLock,
-// lock_shard); the stats the fast path changes are also guarded by stats_lock_. Order: device lock,
-// then shard locks, then stats_lock_; a fast path holds one shard lock and never waits for the device
-// lock while holding it.
+// lock_shard). Order: device lock, then shard locks; a fast path holds one shard lock and never waits
+// for the device lock while holding it. The stats the fast path changes are split between the device
+// and the shards (shard_stats.hpp), so the fast path writes nothing outside its shard.
 //
 // The methods are defined one concept per file, device_cache_<concept>.cpp; docs/design.md ("Layers")
 // says which file owns which concept, and the private methods below are grouped the same way.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cassert>
 #include <chrono>
@@ -35,6 +36,7 @@
 #include "live_map.hpp"
 #include "memory_pool.hpp"
 #include "segment_source.hpp"
+#include "shard_stats.hpp"
 #include "shard_table.hpp"
 #include "spin_lock.hpp"
 #include "stream_state.hpp"
@@ -251,17 +253,15 @@ class DeviceCache {
   void count_inactive_split(Block* block, bool split) {
     if (block->counted_inactive_split || !split) return;
     block->counted_inactive_split = true;
-    std::lock_guard<SpinLock> guard(stats_lock_);
-    stat_increase(&DeviceStats::inactive_split, block->segment->pool, 1);
-    stat_increase(&DeviceStats::inactive_split_bytes, block->segment->pool, static_cast<std::int64_t>(block->size));
+    fast_stat_increase(kInactiveSplit, block->segment->pool, 1);
+    fast_stat_increase(kInactiveSplitBytes, block->segment->pool, static_cast<std::int64_t>(block->size));
   }
   void count_inactive_split(Block* block) { count_inactive_split(block, block->is_split()); }
   void uncount_inactive_split(Block* block) {
     if (!block->counted_inactive_split) return;
     block->counted_inactive_split = false;
-    std::lock_guard<SpinLock> guard(stats_lock_);
-    stat_decrease(&DeviceStats::inactive_split, block->segment->pool, 1);
-    stat_decrease(&DeviceStats::inactive_split_bytes, block->segment->pool, static_cast<std::int64_t>(block->size));
+    fast_stat_decrease(kInactiveSplit, block->segment->pool, 1);
+    fast_stat_decrease(kInactiveSplitBytes, block->segment->pool, static_cast<std::int64_t>(block->size));
   }
 
   // ---- fences (device_cache_fences.cpp)
@@ -307,14 +307,11 @@ class DeviceCache {
   void refresh_split(Block* block);                  // after a neighbour of it came or went
   void validate_expandable(const Segment* segment) const;
 
-  // ---- stats (device_cache_stats.cpp)
+  // ---- stats (device_cache_stats.cpp; the fast path's part in device_cache_shards.cpp)
   template <typename F>
   void for_each_stat(F&& visit);
   // The aggregate and the block's pool move together (inline: a pair of calls costs ten of these).
-  // The stats the fast path changes too (allocation, allocated_bytes, requested_bytes, active,
-  // active_bytes, inactive_split, inactive_split_bytes) change only under stats_lock_, one section
-  // per account_* or (un)count_inactive_split call; the others (segment, reserved_bytes) under the
-  // device lock alone.
+  // Device-locked code only, and never for the stats the fast path changes (below).
   void stat_increase(StatArray DeviceStats::*field, PoolKind pool, std::int64_t amount) {
     (stats_.*field)[0].increase(amount);
     (stats_.*field)[pool_index(pool)].increase(amount);
@@ -323,17 +320,29 @@ class DeviceCache {
     (stats_.*field)[0].decrease(amount);
     (stats_.*field)[pool_index(pool)].decrease(amount);
   }
+  // The stats the fast path changes too (shard_stats.hpp), changed by device-locked code: the device's
+  // part of `current`, its headroom, and, when every shard's headroom falls short, the peak.
+  void fast_stat_increase(FastStat s, PoolKind pool, std::int64_t amount);
+  void fast_stat_decrease(FastStat s, PoolKind pool, std::int64_t amount);
+  // Moves the headroom of every shard (all locked) to the device's; returns the device's headroom of
+  // `s` at pool index `p` after it.
+  std::int64_t gather_headroom(FastStat s, int p);
+  // Device-locked: gives `shard` enough headroom to take `block` from its hot list for `requested`
+  // bytes (account_unparked), from the device's headroom, every shard's, or by raising the peak.
+  void give_headroom_for_unpark(StreamState& shard, const Block* block, std::size_t requested);
   void account_allocated(const Block* block, std::size_t requested);  // handed out (and active)
   void account_freed(const Block* block);                             // no longer allocated
   void account_inactive(Block* block);  // no longer active: its requested bytes leave the stats
-  // Fast paths, `shard` locked: freed to its hot list (freed, inactive, inactive split); taken from it
-  // (allocated). Current values and peaks under stats_lock_, the totals in the shard.
+  // Fast paths and device-locked code, `shard` locked: taken from its hot list (allocated; its headroom
+  // must cover it: unpark_covered), freed to it (freed, inactive, and an inactive split when
+  // park_covered). Only the shard's stats change.
+  static bool unpark_covered(const StreamState& shard, int pool, std::int64_t size, std::int64_t requested);
+  static bool park_covered(const StreamState& shard, const Block* block);
   void account_parked(StreamState& shard, Block* block);
   void account_unparked(StreamState& shard, Block* block, std::size_t requested);
-  // The device's stats with every shard's totals added: the device lock, every shard lock and
-  // stats_lock_ held.
-  DeviceStats stats_with_shard_totals() const;
-  std::int64_t allocated_bytes_now() const;
+  // The device's stats with every shard's part added: the device lock and every shard lock held.
+  DeviceStats stats_with_shards() const;
+  std::int64_t allocated_bytes_now() const;  // device-locked; locks every shard
 
   // ---- reports (device_cache_report.cpp)
   BlockInfo describe(const Block* block, Clock::time_point now) const;
@@ -342,21 +351,21 @@ class DeviceCache {
   const int device_;
   const Options& options_;
   Backend& backend_;
-  mutable std::mutex mutex_;  // the device lock
+  // What every stream's fast path reads and nothing writes on it: on cache lines of their own, away
+  // from the device lock and the fields device-locked calls write.
   // The fast path's switch (update_fast_path) and its lock-free view of the shards.
-  std::atomic<bool> fast_path_{false};
+  alignas(64) std::atomic<bool> fast_path_{false};
+  // Cached from the backend on first need; read by the fast path (which leaves a request larger than
+  // the device to the device-locked path, which then reports it).
+  std::atomic<std::size_t> device_total_{0};
   ShardTable shards_;
-  // Written by the fast paths of every stream: on its own cache line, away from the fields above.
-  alignas(64) mutable SpinLock stats_lock_;
+  alignas(64) mutable std::mutex mutex_;  // the device lock
   mutable std::vector<StreamState*> locked_shards_;  // by the device-locked call now running
 #ifndef NDEBUG
   mutable std::thread::id device_lock_owner_;  // written under the device lock
 #endif
 
   double memory_fraction_;
-  // Cached from the backend on first need; read by the fast path (which leaves a request larger than
-  // the device to the device-locked path, which then reports it).
-  std::atomic<std::size_t> device_total_{0};
 
   SegmentSource segments_;
   MemoryPool default_pool_;    // free blocks of the default pool's segments, owned or settled
@@ -375,7 +384,11 @@ class DeviceCache {
   LiveMap shard_blocks_;
   StreamState* last_stream_ = nullptr;  // one-entry cache in front of streams_ for device-locked calls
   EventPool events_;
+  // The device's stats; for the stats the fast path changes, the device-locked part of current and the
+  // totals, and the peak (shard_stats.hpp).
   DeviceStats stats_;
+  // The device's headroom under each of those peaks, per stat and pool index (shard_stats.hpp).
+  std::array<std::array<std::int64_t, kPoolKinds>, kFastStats> headroom_{};
   bool accumulated_reset_ = false;  // validate() then cannot check allocated - freed == current
   // Frees with uses poll and record fences at most once per window (docs/design.md, "Fences: batching
   // and pipelining").

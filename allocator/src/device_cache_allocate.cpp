@@ -62,6 +62,7 @@ void* DeviceCache::allocate(std::size_t requested, Stream stream) {
   const PoolKind kind = size_policy::pool_for(size);
   if (&pool == &default_pool_) {
     if (Block* hot = take_hot(own, size)) {
+      give_headroom_for_unpark(own, hot, requested);
       hand_out_parked(own, hot, requested);
       return reinterpret_cast<void*>(hot->address);
     }

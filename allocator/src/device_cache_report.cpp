@@ -30,7 +30,9 @@ BlockInfo DeviceCache::describe(const Block* block, Clock::time_point now) const
 std::vector<SegmentInfo> DeviceCache::segments() const {
   DeviceLock lock(*this);
   lock_all_shards();
-  if (trace_ != nullptr) trace_events::snapshot(*trace_, device_, static_cast<std::size_t>(stats_.active_bytes[0].current));
+  if (trace_ != nullptr) {
+    trace_events::snapshot(*trace_, device_, static_cast<std::size_t>(stats_with_shards().active_bytes[0].current));
+  }
   const auto now = Clock::now();
   std::vector<SegmentInfo> out;
   out.reserve(segments_.count());

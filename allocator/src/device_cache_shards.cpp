@@ -2,7 +2,7 @@
 // hot list serves, and a free of a block without other uses back to its stream's hot list, take the
 // stream's shard lock alone: the shard is found in a table read without a lock, the block's state
 // changes only between "live in the shard" and "parked in the shard", and the stats they change are
-// guarded by stats_lock_. Anything else (a miss, a block with uses, a private pool, a debugging aid, a
+// the shard's, within the headroom it holds under the device's peaks (shard_stats.hpp). Anything else (a miss, a block with uses, a private pool, a debugging aid, a
 // full hot list, a bad free) returns to the device-locked path, which decides as before; the fast path
 // changes nothing before it knows it can finish.
 #include "device_cache.hpp"
@@ -18,6 +18,11 @@ void* DeviceCache::allocate_parked(StreamState& shard, std::size_t requested) {
   const std::size_t size = size_policy::round_size(requested, options_);
   if (size_policy::is_oversize(size, options_)) return nullptr;  // oversize counts are the device lock's
   ShardGuard guard(shard);
+  // A new peak, or headroom left elsewhere: the device-locked path gathers it.
+  if (!unpark_covered(shard, pool_index(size_policy::pool_for(size)), static_cast<std::int64_t>(size),
+                      static_cast<std::int64_t>(requested))) {
+    return nullptr;
+  }
   Block* block = take_hot(shard, size);
   if (block == nullptr) return nullptr;
   hand_out_parked(shard, block, requested);
@@ -44,7 +49,8 @@ bool DeviceCache::free_to_shard(StreamState& shard, std::uintptr_t address, std:
   if (block == nullptr) return false;  // another stream's block, or a bad free
   if (size_hint != 0 && size_hint != block->requested) return false;
   if (!block->recorded_streams.empty() || block->segment->owner != &default_pool_ ||
-      size_policy::is_oversize(block->size, options_) || shard.hot.size() >= StreamState::kHotBlocks) {
+      size_policy::is_oversize(block->size, options_) || shard.hot.size() >= StreamState::kHotBlocks ||
+      !park_covered(shard, block)) {
     return false;
   }
   shard.live.erase(address);
@@ -61,80 +67,53 @@ bool DeviceCache::free_to_shard(StreamState& shard, std::uintptr_t address, std:
   return true;
 }
 
-// Current values and peaks change in one stats_lock_ section per fast path; the accumulated totals go
-// to the shard, under its lock (docs/design.md, "Locking", "Stats stay exact").
-namespace {
-void raise(StatArray& stat, int pool, std::int64_t amount) {
-  for (Stat* s : {&stat[0], &stat[static_cast<std::size_t>(pool)]}) {
-    s->current += amount;
-    if (s->current > s->peak) s->peak = s->current;
-  }
+// The stats of both: the shard's alone (shard_stats.hpp), so a fast path writes nothing that another
+// stream's fast path reads. The increases must be covered by the shard's headroom, which the callers
+// checked before changing anything.
+bool DeviceCache::unpark_covered(const StreamState& shard, int pool, std::int64_t size, std::int64_t requested) {
+  const ShardStats& st = shard.stats;
+  return st.covers(kAllocation, pool, 1) && st.covers(kActive, pool, 1) && st.covers(kAllocatedBytes, pool, size) &&
+         st.covers(kActiveBytes, pool, size) && st.covers(kRequestedBytes, pool, requested);
 }
-void lower(StatArray& stat, int pool, std::int64_t amount) {
-  stat[0].current -= amount;
-  stat[static_cast<std::size_t>(pool)].current -= amount;
+
+bool DeviceCache::park_covered(const StreamState& shard, const Block* block) {
+  if (!block->split_in_shard || block->counted_inactive_split) return true;  // no inactive split to count
+  const int pool = pool_index(block->segment->pool);
+  return shard.stats.covers(kInactiveSplit, pool, 1) &&
+         shard.stats.covers(kInactiveSplitBytes, pool, static_cast<std::int64_t>(block->size));
 }
-}  // namespace
 
 // account_allocated, less the inactive split it was.
 void DeviceCache::account_unparked(StreamState& shard, Block* block, std::size_t requested) {
   const int pool = pool_index(block->segment->pool);
   const auto size = static_cast<std::int64_t>(block->size);
-  const auto asked = static_cast<std::int64_t>(requested);
-  const bool was_split = block->counted_inactive_split;
-  block->counted_inactive_split = false;
-  {
-    std::lock_guard<SpinLock> guard(stats_lock_);
-    if (was_split) {
-      lower(stats_.inactive_split, pool, 1);
-      lower(stats_.inactive_split_bytes, pool, size);
-    }
-    raise(stats_.allocation, pool, 1);
-    raise(stats_.allocated_bytes, pool, size);
-    raise(stats_.requested_bytes, pool, asked);
-    raise(stats_.active, pool, 1);
-    raise(stats_.active_bytes, pool, size);
+  ShardStats& st = shard.stats;
+  if (block->counted_inactive_split) {
+    block->counted_inactive_split = false;
+    st.lower(kInactiveSplit, pool, 1);
+    st.lower(kInactiveSplitBytes, pool, size);
   }
-  ShardTotals& t = shard.totals;
-  if (was_split) {
-    ShardTotals::decrease(t.inactive_split, pool, 1);
-    ShardTotals::decrease(t.inactive_split_bytes, pool, size);
-  }
-  ShardTotals::increase(t.allocation, pool, 1);
-  ShardTotals::increase(t.allocated_bytes, pool, size);
-  ShardTotals::increase(t.requested_bytes, pool, asked);
-  ShardTotals::increase(t.active, pool, 1);
-  ShardTotals::increase(t.active_bytes, pool, size);
+  st.raise(kAllocation, pool, 1);
+  st.raise(kAllocatedBytes, pool, size);
+  st.raise(kRequestedBytes, pool, static_cast<std::int64_t>(requested));
+  st.raise(kActive, pool, 1);
+  st.raise(kActiveBytes, pool, size);
 }
 
 // account_freed and account_inactive, plus the inactive split it becomes.
 void DeviceCache::account_parked(StreamState& shard, Block* block) {
   const int pool = pool_index(block->segment->pool);
   const auto size = static_cast<std::int64_t>(block->size);
-  const auto asked = static_cast<std::int64_t>(block->requested);
-  const bool becomes_split = block->split_in_shard && !block->counted_inactive_split;
-  if (becomes_split) block->counted_inactive_split = true;
-  {
-    std::lock_guard<SpinLock> guard(stats_lock_);
-    lower(stats_.allocation, pool, 1);
-    lower(stats_.allocated_bytes, pool, size);
-    lower(stats_.requested_bytes, pool, asked);
-    lower(stats_.active, pool, 1);
-    lower(stats_.active_bytes, pool, size);
-    if (becomes_split) {
-      raise(stats_.inactive_split, pool, 1);
-      raise(stats_.inactive_split_bytes, pool, size);
-    }
-  }
-  ShardTotals& t = shard.totals;
-  ShardTotals::decrease(t.allocation, pool, 1);
-  ShardTotals::decrease(t.allocated_bytes, pool, size);
-  ShardTotals::decrease(t.requested_bytes, pool, asked);
-  ShardTotals::decrease(t.active, pool, 1);
-  ShardTotals::decrease(t.active_bytes, pool, size);
-  if (becomes_split) {
-    ShardTotals::increase(t.inactive_split, pool, 1);
-    ShardTotals::increase(t.inactive_split_bytes, pool, size);
+  ShardStats& st = shard.stats;
+  st.lower(kAllocation, pool, 1);
+  st.lower(kAllocatedBytes, pool, size);
+  st.lower(kRequestedBytes, pool, static_cast<std::int64_t>(block->requested));
+  st.lower(kActive, pool, 1);
+  st.lower(kActiveBytes, pool, size);
+  if (block->split_in_shard && !block->counted_inactive_split) {
+    block->counted_inactive_split = true;
+    st.raise(kInactiveSplit, pool, 1);
+    st.raise(kInactiveSplitBytes, pool, size);
   }
 }
 

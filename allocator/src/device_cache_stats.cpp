@@ -1,21 +1,16 @@
-// DeviceCache: the stats, copied out and reset. They are updated where blocks change state; the current
-// values and peaks of those the per-stream fast path changes too under stats_lock_, its totals in each
-// shard (docs/design.md, "Locking").
+// DeviceCache: the stats, copied out and reset, and the device-locked side of the stats the fast path
+// changes too (shard_stats.hpp): their device part, the device's headroom, gathering every shard's
+// headroom, and the peaks.
 #include "device_cache.hpp"
 
 namespace streamalloc {
 
-// Under every lock: the device lock keeps the device-locked fields still, the shard locks the totals
-// each fast path keeps, stats_lock_ the current values and peaks, so the copy is one consistent point of
-// the device's history (every fast path before or after it).
+// Under every lock: the device lock keeps the device-locked fields still, the shard locks each shard's
+// part, so the copy is one consistent point of the device's history (every fast path before or after it).
 DeviceStats DeviceCache::stats() const {
   DeviceLock lock(*this);
   lock_all_shards();
-  DeviceStats copy;
-  {
-    std::lock_guard<SpinLock> guard(stats_lock_);
-    copy = stats_with_shard_totals();
-  }
+  DeviceStats copy = stats_with_shards();
   for (const auto& [stream, state] : streams_) {
     const StreamPending& p = state->fences.pending_stats();
     if (p.pending_blocks.allocated != 0 || p.pending_blocks.current != 0) copy.per_stream[stream] = p;
@@ -23,10 +18,85 @@ DeviceStats DeviceCache::stats() const {
   return copy;
 }
 
-DeviceStats DeviceCache::stats_with_shard_totals() const {
+DeviceStats DeviceCache::stats_with_shards() const {
   DeviceStats sum = stats_;
-  for (const auto& [stream, state] : streams_) state->totals.add_to(sum);
+  for (const auto& [stream, state] : streams_) {
+    for (int s = 0; s < kFastStats; ++s) {
+      StatArray& total = sum.*kFastStatFields[static_cast<std::size_t>(s)];
+      for (std::size_t p = 0; p < total.size(); ++p) {
+        const ShardStat& part = state->stats.stat[static_cast<std::size_t>(s)][p];
+        total[p].current += part.current;
+        total[p].allocated += part.allocated;
+        total[p].freed += part.freed;
+      }
+    }
+  }
   return sum;
+}
+
+std::int64_t DeviceCache::gather_headroom(FastStat s, int p) {
+  lock_all_shards();
+  std::int64_t& device = headroom_[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
+  for (const auto& [stream, state] : streams_) {
+    ShardStat& part = state->stats.stat[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
+    device += part.headroom;
+    part.headroom = 0;
+  }
+  return device;
+}
+
+// Spends the device's headroom; when it falls short, every shard's; what is still missing raises the
+// peak, to exactly the device's current after the increase (every shard is locked then).
+void DeviceCache::fast_stat_increase(FastStat s, PoolKind pool, std::int64_t amount) {
+  StatArray& stat = stats_.*kFastStatFields[static_cast<std::size_t>(s)];
+  for (const int p : {0, pool_index(pool)}) {
+    std::int64_t& headroom = headroom_[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
+    if (headroom < amount && gather_headroom(s, p) < amount) {
+      stat[static_cast<std::size_t>(p)].peak += amount - headroom;
+      headroom = amount;
+    }
+    headroom -= amount;
+    stat[static_cast<std::size_t>(p)].current += amount;
+    stat[static_cast<std::size_t>(p)].allocated += amount;
+  }
+}
+
+void DeviceCache::fast_stat_decrease(FastStat s, PoolKind pool, std::int64_t amount) {
+  StatArray& stat = stats_.*kFastStatFields[static_cast<std::size_t>(s)];
+  for (const int p : {0, pool_index(pool)}) {
+    headroom_[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)] += amount;
+    stat[static_cast<std::size_t>(p)].current -= amount;
+    stat[static_cast<std::size_t>(p)].freed += amount;
+  }
+}
+
+// The shard's fast path found a hot block but not the headroom to take it (a new peak, or headroom
+// that frees on the device-locked path or on other streams left elsewhere). What the shard lacks comes
+// from the device's headroom, then every shard's, then a higher peak; only what it lacks, so that
+// headroom does not pile up where no allocation will use it.
+void DeviceCache::give_headroom_for_unpark(StreamState& shard, const Block* block, std::size_t requested) {
+  const int pool = pool_index(block->segment->pool);
+  const auto size = static_cast<std::int64_t>(block->size);
+  const std::pair<FastStat, std::int64_t> needs[] = {{kAllocation, 1},
+                                                      {kActive, 1},
+                                                      {kAllocatedBytes, size},
+                                                      {kActiveBytes, size},
+                                                      {kRequestedBytes, static_cast<std::int64_t>(requested)}};
+  for (const auto& [s, amount] : needs) {
+    for (const int p : {0, pool}) {
+      std::int64_t& own = shard.stats.stat[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)].headroom;
+      if (own >= amount) continue;
+      std::int64_t& device = headroom_[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
+      if (own + device < amount) gather_headroom(s, p);  // own's too: it is now part of the device's
+      if (own + device < amount) {
+        (stats_.*kFastStatFields[static_cast<std::size_t>(s)])[static_cast<std::size_t>(p)].peak +=
+            amount - own - device;
+        device = amount - own;
+      }
+      device -= amount - own;
+      own = amount;
+    }
+  }
 }
 
 // Every Stat the cache keeps, for the two resets.
@@ -46,18 +116,32 @@ void DeviceCache::for_each_stat(F&& visit) {
   }
 }
 
+// The peaks of the fast path's stats restart at the device's current (every shard's part added), and
+// all headroom is gone: the next increase anywhere raises the peak.
 void DeviceCache::reset_peak_stats() {
   DeviceLock lock(*this);
-  std::lock_guard<SpinLock> guard(stats_lock_);
+  lock_all_shards();
   for_each_stat([](Stat& s) { s.reset_peak(); });
+  const DeviceStats now = stats_with_shards();
+  for (int s = 0; s < kFastStats; ++s) {
+    StatArray& stat = stats_.*kFastStatFields[static_cast<std::size_t>(s)];
+    for (std::size_t p = 0; p < stat.size(); ++p) stat[p].peak = (now.*kFastStatFields[static_cast<std::size_t>(s)])[p].current;
+    headroom_[static_cast<std::size_t>(s)].fill(0);
+    for (const auto& [stream, state] : streams_) {
+      for (ShardStat& part : state->stats.stat[static_cast<std::size_t>(s)]) part.headroom = 0;
+    }
+  }
 }
 
 void DeviceCache::reset_accumulated_stats() {
   DeviceLock lock(*this);
   lock_all_shards();
-  std::lock_guard<SpinLock> guard(stats_lock_);
   for_each_stat([](Stat& s) { s.reset_accumulated(); });
-  for (auto& [stream, state] : streams_) state->totals = ShardTotals{};
+  for (auto& [stream, state] : streams_) {
+    for (auto& stat : state->stats.stat) {
+      for (ShardStat& part : stat) part.allocated = part.freed = 0;
+    }
+  }
 #define STREAMALLOC_RESET_COUNT(name, help) stats_.name = 0;
   STREAMALLOC_EVENT_COUNTS(STREAMALLOC_RESET_COUNT)
   STREAMALLOC_STREAM_COUNTS(STREAMALLOC_RESET_COUNT)
@@ -66,41 +150,34 @@ void DeviceCache::reset_accumulated_stats() {
   accumulated_reset_ = true;
 }
 
-}  // namespace streamalloc
-
-namespace streamalloc {
-
 std::int64_t DeviceCache::allocated_bytes_now() const {
-  std::lock_guard<SpinLock> guard(stats_lock_);
-  return stats_.allocated_bytes[0].current;
+  lock_all_shards();
+  return stats_with_shards().allocated_bytes[0].current;
 }
 
 void DeviceCache::account_allocated(const Block* block, std::size_t requested) {
   const PoolKind pool = block->segment->pool;
   const auto size = static_cast<std::int64_t>(block->size);
-  std::lock_guard<SpinLock> guard(stats_lock_);
-  stat_increase(&DeviceStats::allocation, pool, 1);
-  stat_increase(&DeviceStats::allocated_bytes, pool, size);
-  stat_increase(&DeviceStats::requested_bytes, pool, static_cast<std::int64_t>(requested));
-  stat_increase(&DeviceStats::active, pool, 1);
-  stat_increase(&DeviceStats::active_bytes, pool, size);
+  fast_stat_increase(kAllocation, pool, 1);
+  fast_stat_increase(kAllocatedBytes, pool, size);
+  fast_stat_increase(kRequestedBytes, pool, static_cast<std::int64_t>(requested));
+  fast_stat_increase(kActive, pool, 1);
+  fast_stat_increase(kActiveBytes, pool, size);
 }
 
 void DeviceCache::account_freed(const Block* block) {
   const PoolKind pool = block->segment->pool;
-  std::lock_guard<SpinLock> guard(stats_lock_);
-  stat_decrease(&DeviceStats::allocation, pool, 1);
-  stat_decrease(&DeviceStats::allocated_bytes, pool, static_cast<std::int64_t>(block->size));
+  fast_stat_decrease(kAllocation, pool, 1);
+  fast_stat_decrease(kAllocatedBytes, pool, static_cast<std::int64_t>(block->size));
 }
 
 // Requested bytes stay counted while a freed block is pending, as PyTorch counts them until the
 // block's events complete (requested_bytes follows active blocks, not allocated ones).
 void DeviceCache::account_inactive(Block* block) {
   const PoolKind pool = block->segment->pool;
-  std::lock_guard<SpinLock> guard(stats_lock_);
-  stat_decrease(&DeviceStats::active, pool, 1);
-  stat_decrease(&DeviceStats::active_bytes, pool, static_cast<std::int64_t>(block->size));
-  stat_decrease(&DeviceStats::requested_bytes, pool, static_cast<std::int64_t>(block->requested));
+  fast_stat_decrease(kActive, pool, 1);
+  fast_stat_decrease(kActiveBytes, pool, static_cast<std::int64_t>(block->size));
+  fast_stat_decrease(kRequestedBytes, pool, static_cast<std::int64_t>(block->requested));
   block->requested = 0;
 }
 

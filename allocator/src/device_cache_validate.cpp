@@ -34,7 +34,6 @@ void check_stat(int device, const char* name, const Stat& stat, std::int64_t exp
 void DeviceCache::validate() const {
   DeviceLock lock(*this);
   lock_all_shards();  // every shard's hot list and live blocks hold still
-  std::lock_guard<SpinLock> stats_guard(stats_lock_);
   struct Totals {
     std::int64_t allocation = 0, segment = 0, active = 0, inactive_split = 0;
     std::int64_t allocated_bytes = 0, reserved_bytes = 0, active_bytes = 0, inactive_split_bytes = 0,
@@ -280,12 +279,30 @@ void DeviceCache::validate() const {
   }
   pools[0] = all;
   static const char* const kPoolNames[] = {"all", "small_pool", "large_pool"};
-  const DeviceStats stats = stats_with_shard_totals();
+  const DeviceStats stats = stats_with_shards();
   for (int p = 0; p < kPoolKinds; ++p) {
 #define STREAMALLOC_CHECK(name, kind, help) \
   check_stat(device_, (std::string(#name ".") + kPoolNames[p]).c_str(), stats.name[p], pools[p].name, !accumulated_reset_);
     STREAMALLOC_POOL_STATS(STREAMALLOC_CHECK)
 #undef STREAMALLOC_CHECK
+  }
+  // The headroom under each peak of the fast path's stats (shard_stats.hpp): never negative, and with
+  // the current it makes up the peak exactly.
+  for (int s = 0; s < kFastStats; ++s) {
+    for (int p = 0; p < kPoolKinds; ++p) {
+      const std::string name = fmt::format("stat {} ({})", s, kPoolNames[p]);
+      std::int64_t headroom = headroom_[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
+      if (headroom < 0) broken(device_, name + ": the device's headroom is negative");
+      for (const auto& [stream, state] : streams_) {
+        const std::int64_t part = state->stats.stat[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)].headroom;
+        if (part < 0) broken(device_, name + fmt::format(": stream {:#x} has negative headroom", stream));
+        headroom += part;
+      }
+      const Stat& stat = (stats.*kFastStatFields[static_cast<std::size_t>(s)])[static_cast<std::size_t>(p)];
+      if (stat.current + headroom != stat.peak) {
+        broken(device_, name + fmt::format(": peak {} != current {} + headroom {}", stat.peak, stat.current, headroom));
+      }
+    }
   }
   check_stat(device_, "pending_blocks", stats_.pending_blocks, pending_blocks, !accumulated_reset_);
   check_stat(device_, "pending_bytes", stats_.pending_bytes, pending_bytes, !accumulated_reset_);

@@ -14,52 +14,10 @@
 #include "block.hpp"
 #include "fence_queue.hpp"
 #include "live_map.hpp"
+#include "shard_stats.hpp"
 #include "spin_lock.hpp"
-#include "streamalloc/stats.hpp"
 
 namespace streamalloc {
-
-// The stats the per-stream fast path changes (docs/design.md, "Locking").
-#define STREAMALLOC_FAST_PATH_STATS(X) \
-  X(allocation)                        \
-  X(allocated_bytes)                   \
-  X(requested_bytes)                   \
-  X(active)                            \
-  X(active_bytes)                      \
-  X(inactive_split)                    \
-  X(inactive_split_bytes)
-
-// What one shard's fast path added to the accumulated totals of those stats (Stat::allocated and
-// Stat::freed; current and peak are the device's, under its stats lock). Written under the shard lock,
-// summed into the device's stats when they are read, zeroed by reset_accumulated_stats.
-struct ShardTotals {
-  struct Sums {
-    std::int64_t allocated = 0;
-    std::int64_t freed = 0;
-  };
-  using SumArray = std::array<Sums, kPoolKinds>;
-#define STREAMALLOC_DECLARE_SUMS(name) SumArray name{};
-  STREAMALLOC_FAST_PATH_STATS(STREAMALLOC_DECLARE_SUMS)
-#undef STREAMALLOC_DECLARE_SUMS
-
-  static void increase(SumArray& sums, int pool, std::int64_t amount) {
-    sums[0].allocated += amount;
-    sums[static_cast<std::size_t>(pool)].allocated += amount;
-  }
-  static void decrease(SumArray& sums, int pool, std::int64_t amount) {
-    sums[0].freed += amount;
-    sums[static_cast<std::size_t>(pool)].freed += amount;
-  }
-  void add_to(DeviceStats& stats) const {
-#define STREAMALLOC_ADD_SUMS(name)                             \
-  for (std::size_t i = 0; i < name.size(); ++i) {              \
-    stats.name[i].allocated += name[i].allocated;              \
-    stats.name[i].freed += name[i].freed;                      \
-  }
-    STREAMALLOC_FAST_PATH_STATS(STREAMALLOC_ADD_SUMS)
-#undef STREAMALLOC_ADD_SUMS
-  }
-};
 
 // The free blocks a stream owns (unsettled), in settle_seq order: a completed fence settles a prefix.
 // Intrusive, through Block::settle_prev/settle_next.
@@ -77,8 +35,9 @@ class SettleList {
 // Which lock guards what (docs/design.md, "Locking"): `lock` guards `hot`, `live` and the blocks in
 // them, and the fence queue's open-batch sequence numbers (the fast path joins the open batch);
 // the device lock guards the rest. Whatever the fast path reads is written only under both locks, so
-// either lock suffices to read it.
-struct StreamState {
+// either lock suffices to read it. Cache-line aligned: each stream's fast path writes only its own
+// shard, and no other shard's fields may share a line with it.
+struct alignas(64) StreamState {
   explicit StreamState(Stream stream) : fences(stream) {}
   Stream stream() const { return fences.stream(); }
 
@@ -96,7 +55,7 @@ struct StreamState {
   std::atomic<std::uint32_t> parked{0};
   void publish_hot() { parked.store(static_cast<std::uint32_t>(hot.size()), std::memory_order_relaxed); }
   LiveMap live;            // the blocks allocated on this stream and not freed yet, by address
-  ShardTotals totals;      // the fast path's share of the accumulated stats
+  ShardStats stats;        // this shard's part of the fast path's stats, and its headroom
   SettleList settle_list;  // device lock only
   // Device lock only: the device-locked operation now running holds `lock` (DeviceCache::lock_shard).
   bool locked_by_device = false;

@@ -1,0 +1,88 @@
+// ShardStats: a shard's part of the stats the per-stream fast path changes, and the headroom under the
+// device's peaks that lets it change them without writing anything another stream reads
+// (docs/design.md, "Stats stay exact").
+//
+// For each such stat (in total and per pool) the device keeps the peak; every shard keeps the net
+// change its fast paths made (`current`, which may be negative: a block allocated on the device-locked
+// path can be freed on the fast path), their accumulated totals, and a `headroom` >= 0. The device
+// holds headroom of its own. Every path keeps, for each stat,
+//
+//     peak == current of the device + the device's headroom + the headroom of every shard
+//
+// where the device's current is its own part plus every shard's. An increase by n on a shard spends n
+// of that shard's headroom, a decrease returns n to it, so the sum does not move and the current can
+// never pass the peak. A fast path whose headroom does not cover its increase goes to the device-locked
+// path, which gathers the headroom of every shard (all of them locked) and raises the peak only by what
+// is still missing: the peak moves only when the device's current would pass it, with every shard
+// still, to exactly that current. So the peak is the largest value the aggregate took, and the fast
+// path writes nothing outside its shard.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "streamalloc/stats.hpp"
+#include "streamalloc/types.hpp"
+
+namespace streamalloc {
+
+// The stats the per-stream fast path changes.
+#define STREAMALLOC_FAST_PATH_STATS(X) \
+  X(allocation, kAllocation)           \
+  X(allocated_bytes, kAllocatedBytes)  \
+  X(requested_bytes, kRequestedBytes)  \
+  X(active, kActive)                   \
+  X(active_bytes, kActiveBytes)        \
+  X(inactive_split, kInactiveSplit)    \
+  X(inactive_split_bytes, kInactiveSplitBytes)
+
+enum FastStat : int {
+#define STREAMALLOC_FAST_STAT_ENUM(name, id) id,
+  STREAMALLOC_FAST_PATH_STATS(STREAMALLOC_FAST_STAT_ENUM)
+#undef STREAMALLOC_FAST_STAT_ENUM
+  kFastStats
+};
+
+// Each FastStat's field in DeviceStats.
+inline constexpr std::array<StatArray DeviceStats::*, kFastStats> kFastStatFields = {
+#define STREAMALLOC_FAST_STAT_FIELD(name, id) &DeviceStats::name,
+    STREAMALLOC_FAST_PATH_STATS(STREAMALLOC_FAST_STAT_FIELD)
+#undef STREAMALLOC_FAST_STAT_FIELD
+};
+
+// Per stat and pool index (0 = all): what only the shard writes, under its lock.
+struct ShardStat {
+  std::int64_t current = 0;   // net change made by this shard's fast paths
+  std::int64_t headroom = 0;  // how far this shard may raise the stat without the device lock
+  std::int64_t allocated = 0;
+  std::int64_t freed = 0;
+};
+
+struct ShardStats {
+  std::array<std::array<ShardStat, kPoolKinds>, kFastStats> stat{};
+
+  // Whether the headroom covers raising `s` by `amount`, in total and in `pool`.
+  bool covers(FastStat s, int pool, std::int64_t amount) const {
+    const auto& st = stat[static_cast<std::size_t>(s)];
+    return st[0].headroom >= amount && st[static_cast<std::size_t>(pool)].headroom >= amount;
+  }
+  // Only after covers() said yes.
+  void raise(FastStat s, int pool, std::int64_t amount) {
+    auto& st = stat[static_cast<std::size_t>(s)];
+    for (ShardStat* x : {&st[0], &st[static_cast<std::size_t>(pool)]}) {
+      x->current += amount;
+      x->allocated += amount;
+      x->headroom -= amount;
+    }
+  }
+  void lower(FastStat s, int pool, std::int64_t amount) {
+    auto& st = stat[static_cast<std::size_t>(s)];
+    for (ShardStat* x : {&st[0], &st[static_cast<std::size_t>(pool)]}) {
+      x->current -= amount;
+      x->freed += amount;
+      x->headroom += amount;
+    }
+  }
+};
+
+}  // namespace streamalloc
