@@ -63,18 +63,25 @@ Allocator::~Allocator() { caches_.clear(); }
 
 int Allocator::device_count() const { return static_cast<int>(caches_.size()); }
 
+// Every call passes here: the checks are two tests, the errors out of line.
 DeviceCache& Allocator::cache(int device) const {
+  if (__builtin_expect(internals_->shut_down.load(std::memory_order_relaxed) ||
+                           static_cast<std::size_t>(device) >= caches_.size(),
+                       0)) {
+    refuse_device(device);
+  }
+  return *caches_[static_cast<std::size_t>(device)];
+}
+
+void Allocator::refuse_device(int device) const {
   if (internals_->shut_down.load(std::memory_order_relaxed)) {
     throw Error(ErrorCode::kShutdown,
                 "streamalloc: called after shutdown(); the allocator no longer hands out or takes back memory. "
                 "Make all allocations and frees before shutting it down.");
   }
-  if (device < 0 || device >= device_count()) {
-    throw Error(ErrorCode::kInvalidArgument, "streamalloc: device " + std::to_string(device) +
-                                                 " does not exist; this allocator manages devices 0.." +
-                                                 std::to_string(device_count() - 1));
-  }
-  return *caches_[static_cast<std::size_t>(device)];
+  throw Error(ErrorCode::kInvalidArgument, "streamalloc: device " + std::to_string(device) +
+                                               " does not exist; this allocator manages devices 0.." +
+                                               std::to_string(device_count() - 1));
 }
 
 int Allocator::find_device(const void* ptr, int hint) const {

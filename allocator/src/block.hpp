@@ -32,7 +32,9 @@ enum class BlockState : std::uint8_t {
 struct Segment;
 struct MemoryPool;
 
-struct Block {
+// Cache-line aligned: the blocks of different streams, which their threads' fast paths write, never
+// share a line (docs/design.md, "Nothing shared is written on the fast path").
+struct alignas(64) Block {
   std::uintptr_t address = 0;
   std::size_t size = 0;
   std::size_t requested = 0;  // caller's size while allocated

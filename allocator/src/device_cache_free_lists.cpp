@@ -50,7 +50,7 @@ void DeviceCache::settle(Block* block) {
 
 // Both paths, `state`'s lock held. The block stays in the shard: hand_out_parked makes it live there.
 Block* DeviceCache::take_hot(StreamState& state, std::size_t size) {
-  std::vector<Block*>& hot = state.hot;
+  auto& hot = state.hot;
   for (std::size_t i = hot.size(); i-- > 0;) {
     Block* block = hot[i];
     if (block->size != size) continue;
@@ -62,7 +62,7 @@ Block* DeviceCache::take_hot(StreamState& state, std::size_t size) {
 }
 
 void DeviceCache::flush_hot(StreamState& state, std::size_t keep) {
-  std::vector<Block*>& hot = state.hot;
+  auto& hot = state.hot;
   if (hot.size() <= keep) return;
   const std::size_t flush = hot.size() - keep;
   std::vector<Block*> oldest(hot.begin(), hot.begin() + static_cast<std::ptrdiff_t>(flush));

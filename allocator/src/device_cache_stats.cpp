@@ -25,7 +25,7 @@ DeviceStats DeviceCache::stats_with_shards() const {
       StatArray& total = sum.*kFastStatFields[static_cast<std::size_t>(s)];
       for (std::size_t p = 0; p < total.size(); ++p) {
         const ShardStat& part = state->stats.stat[static_cast<std::size_t>(s)][p];
-        total[p].current += part.current;
+        total[p].current += part.current();
         total[p].allocated += part.allocated;
         total[p].freed += part.freed;
       }
@@ -137,9 +137,15 @@ void DeviceCache::reset_accumulated_stats() {
   DeviceLock lock(*this);
   lock_all_shards();
   for_each_stat([](Stat& s) { s.reset_accumulated(); });
+  // A shard's part of current is its allocated - freed: it moves to the device's part first.
   for (auto& [stream, state] : streams_) {
-    for (auto& stat : state->stats.stat) {
-      for (ShardStat& part : stat) part.allocated = part.freed = 0;
+    for (int s = 0; s < kFastStats; ++s) {
+      StatArray& stat = stats_.*kFastStatFields[static_cast<std::size_t>(s)];
+      for (std::size_t p = 0; p < stat.size(); ++p) {
+        ShardStat& part = state->stats.stat[static_cast<std::size_t>(s)][p];
+        stat[p].current += part.current();
+        part.allocated = part.freed = 0;
+      }
     }
   }
 #define STREAMALLOC_RESET_COUNT(name, help) stats_.name = 0;

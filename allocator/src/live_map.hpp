@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "cache_line_allocator.hpp"
+
 namespace streamalloc {
 
 struct Block;
@@ -73,6 +75,7 @@ class LiveMap {
     std::uintptr_t address = 0;
     Block* block = nullptr;
   };
+  using Slots = std::vector<Slot, CacheLineAllocator<Slot>>;  // the table a stream's fast path writes
   static constexpr std::size_t kInitialCapacity = 256;  // a power of two
 
   // Fibonacci hashing of the address without its low bits (blocks are 512-byte aligned), which spreads
@@ -89,14 +92,14 @@ class LiveMap {
   }
 
   void grow() {
-    std::vector<Slot> old(slots_.size() * 2);
+    Slots old(slots_.size() * 2);
     old.swap(slots_);
     for (const Slot& slot : old) {
       if (slot.address != 0) place(slot.address, slot.block);
     }
   }
 
-  std::vector<Slot> slots_;
+  Slots slots_;
   std::size_t size_ = 0;
 };
 

@@ -2,9 +2,10 @@
 // device's peaks that lets it change them without writing anything another stream reads
 // (docs/design.md, "Stats stay exact").
 //
-// For each such stat (in total and per pool) the device keeps the peak; every shard keeps the net
-// change its fast paths made (`current`, which may be negative: a block allocated on the device-locked
-// path can be freed on the fast path), their accumulated totals, and a `headroom` >= 0. The device
+// For each such stat (in total and per pool) the device keeps the peak; every shard keeps the totals
+// its fast paths added and took away (whose difference, its part of the current value, may be
+// negative: a block allocated on the device-locked path can be freed on the fast path), and a
+// `headroom` >= 0. The device
 // holds headroom of its own. Every path keeps, for each stat,
 //
 //     peak == current of the device + the device's headroom + the headroom of every shard
@@ -50,12 +51,13 @@ inline constexpr std::array<StatArray DeviceStats::*, kFastStats> kFastStatField
 #undef STREAMALLOC_FAST_STAT_FIELD
 };
 
-// Per stat and pool index (0 = all): what only the shard writes, under its lock.
+// Per stat and pool index (0 = all): what only the shard writes, under its lock. Its part of the
+// current value is allocated - freed (reset_accumulated_stats moves it to the device's part first).
 struct ShardStat {
-  std::int64_t current = 0;   // net change made by this shard's fast paths
   std::int64_t headroom = 0;  // how far this shard may raise the stat without the device lock
   std::int64_t allocated = 0;
   std::int64_t freed = 0;
+  std::int64_t current() const { return allocated - freed; }
 };
 
 struct ShardStats {
@@ -69,19 +71,21 @@ struct ShardStats {
   // Only after covers() said yes.
   void raise(FastStat s, int pool, std::int64_t amount) {
     auto& st = stat[static_cast<std::size_t>(s)];
-    for (ShardStat* x : {&st[0], &st[static_cast<std::size_t>(pool)]}) {
-      x->current += amount;
-      x->allocated += amount;
-      x->headroom -= amount;
-    }
+    ShardStat& all = st[0];
+    ShardStat& in_pool = st[static_cast<std::size_t>(pool)];
+    all.allocated += amount;
+    all.headroom -= amount;
+    in_pool.allocated += amount;
+    in_pool.headroom -= amount;
   }
   void lower(FastStat s, int pool, std::int64_t amount) {
     auto& st = stat[static_cast<std::size_t>(s)];
-    for (ShardStat* x : {&st[0], &st[static_cast<std::size_t>(pool)]}) {
-      x->current -= amount;
-      x->freed += amount;
-      x->headroom += amount;
-    }
+    ShardStat& all = st[0];
+    ShardStat& in_pool = st[static_cast<std::size_t>(pool)];
+    all.freed += amount;
+    all.headroom += amount;
+    in_pool.freed += amount;
+    in_pool.headroom += amount;
   }
 };
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "block.hpp"
+#include "cache_line_allocator.hpp"
 #include "fence_queue.hpp"
 #include "live_map.hpp"
 #include "shard_stats.hpp"
@@ -37,7 +38,7 @@ class SettleList {
 // the device lock guards the rest. Whatever the fast path reads is written only under both locks, so
 // either lock suffices to read it. Cache-line aligned: each stream's fast path writes only its own
 // shard, and no other shard's fields may share a line with it.
-struct alignas(64) StreamState {
+struct alignas(kCacheLine) StreamState {
   explicit StreamState(Stream stream) : fences(stream) {}
   Stream stream() const { return fences.stream(); }
 
@@ -48,7 +49,7 @@ struct alignas(64) StreamState {
   // Blocks just freed on this stream, kept unmerged so that the next allocation of the same size takes
   // one back without splitting or merging (the common alloc/free loop). Oldest first.
   static constexpr std::size_t kHotBlocks = 8;
-  std::vector<Block*> hot;
+  std::vector<Block*, CacheLineAllocator<Block*>> hot;
   // hot.size(), republished under the lock after every change (publish_hot) so that an allocation
   // can see without the lock that nothing is parked, and go straight to the device-locked path. A
   // stale value only sends it the long way round or into the lock for nothing.

@@ -158,6 +158,7 @@ class Allocator {
 
  private:
   DeviceCache& cache(int device) const;
+  [[noreturn, gnu::noinline, gnu::cold]] void refuse_device(int device) const;  // shut down, or no such device
   int find_device(const void* ptr, int hint) const;
 
   Options options_;
