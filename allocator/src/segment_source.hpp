@@ -34,8 +34,8 @@ class SegmentSource {
   // A new segment of `bytes` of size class `pool` for memory pool `owner`, reserved for `stream`,
   // holding one free settled block; nullptr when the device has not enough free memory.
   Segment* reserve(PoolKind pool, MemoryPool* owner, std::size_t bytes, Stream stream);
-  // Give `segment` back to the device (an expandable one: its pages unmapped, its range released). It
-  // must hold exactly one block (of an expandable segment: whole pages), which is deleted with it. A
+  // Give `segment` back to the device (an expandable one: its pieces unmapped, its range released). It
+  // must hold exactly one block (of an expandable segment: all its pieces), which is deleted with it. A
   // backend error changes nothing, except one releasing the range of pages already unmapped: logged,
   // and the segment goes with its addresses still reserved.
   void release(Segment* segment);
