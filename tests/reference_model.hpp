@@ -39,12 +39,15 @@ class ReferenceModel {
   // The largest segment one large-pool block can keep reserved: a block may be carved out of any free
   // large-pool segment, so it pins at most the largest one ever reserved (the largest request rounded
   // to 2 MiB, or a 20 MiB mid-size segment).
-  // With expandable segments (`page`: their page size, 0 without them) free pages go back wherever they
-  // are, so a block pins only the pages it touches: its size rounded up to pages, plus one where it
-  // straddles a page boundary.
-  explicit ReferenceModel(std::size_t largest_request, std::size_t page = 0)
+  // With expandable segments (`page`: their page size, 0 without them) free memory goes back wherever
+  // it is in whole pieces (the physical allocations a growth mapped), so a block pins only the pieces
+  // it touches. A small block's pieces are pages: its size rounded up to pages, plus one where it
+  // straddles a page boundary. A large block's pieces are up to `large_piece` bytes: the ones inside it
+  // (at most its size rounded up to pages), plus one piece on each side that it reaches into.
+  explicit ReferenceModel(std::size_t largest_request, std::size_t page = 0, std::size_t large_piece = 0)
       : large_pin_(std::max<std::size_t>(20 * MiB, (largest_request + 2 * MiB - 1) / (2 * MiB) * (2 * MiB))),
-        page_(page) {}
+        page_(page),
+        large_piece_(large_piece) {}
 
   std::size_t live_count() const { return blocks_.size(); }
   std::size_t live_bytes() const { return live_bytes_; }
@@ -114,7 +117,10 @@ class ReferenceModel {
 
  private:
   std::size_t pin_of(std::size_t size) const {
-    if (page_ != 0) return ((std::max<std::size_t>(size, 1) + page_ - 1) / page_ + 1) * page_;
+    if (page_ != 0) {
+      const std::size_t pages = (std::max<std::size_t>(size, 1) + page_ - 1) / page_ * page_;
+      return size <= kSmallRequest ? pages + page_ : pages + 2 * large_piece_;
+    }
     return size <= kSmallRequest ? kSmallSegment : large_pin_;
   }
 
@@ -129,6 +135,7 @@ class ReferenceModel {
 
   std::size_t large_pin_;
   std::size_t page_;
+  std::size_t large_piece_;
   std::vector<ModelBlock> blocks_;
   std::map<std::uintptr_t, std::size_t> by_address_;  // address -> index in blocks_
   std::size_t live_bytes_ = 0;

@@ -229,6 +229,182 @@ TEST(Expandable, FreePagesInTheMiddleGoBackAndServeAnotherStream) {
   EXPECT_EQ(s.sim->counters().address_range_releases, s.sim->counters().address_range_reserves);
 }
 
+// A growth maps its bytes in physical allocations of up to 20 MiB in the large class (PyTorch's
+// kLargeBuffer handles), the last one what remains, so N MiB cost ceil(N / 20) creates on the device,
+// not one per 2 MiB page, and the mapped end stays within a page of the need.
+TEST(Expandable, LargeGrowthCostsOnePhysicalAllocationPer20MiB) {
+  SimSetup s(kOn, SimBackend::Mode::kManual, 1 * GiB);
+  const Stream a = s.sim->create_stream();
+  std::vector<void*> live;
+  std::uintptr_t end = 0;  // of the last block: each request below is whole pages but the last
+  for (std::size_t request : {2 * MiB, 4 * MiB, 18 * MiB, 20 * MiB, 22 * MiB, 46 * MiB, 100 * MiB, 200 * MiB,
+                              7 * MiB + 4096}) {
+    const std::size_t creates = s.sim->counters().physical_allocations_created;
+    const std::size_t mapped = s.sim->mapped_bytes(0);
+    const std::int64_t device_allocs = s.stats().num_device_alloc;
+    void* p = s.a().allocate(request, 0, a);
+    if (end != 0) {
+      EXPECT_EQ(addr(p), end) << "grew in place";
+    }
+    end = addr(p) + request;
+    live.push_back(p);
+    check(s);
+    const std::size_t grown = s.sim->mapped_bytes(0) - mapped;
+    EXPECT_EQ(grown, (request + kPage - 1) / kPage * kPage) << request << " bytes: mapped to the page, no more";
+    EXPECT_EQ(s.sim->counters().physical_allocations_created - creates, (grown + 20 * MiB - 1) / (20 * MiB))
+        << request << " bytes: one create per 20 MiB, not one per page";
+    EXPECT_EQ(s.stats().num_device_alloc, device_allocs + 1) << "one growth, however many pieces";
+  }
+  EXPECT_EQ(s.sim->mappings(0), 1u + 1 + 1 + 1 + 2 + 3 + 5 + 10 + 1) << "not 210 of 2 MiB";
+  // Reused, not grown: no create at all.
+  for (void* p : live) s.a().deallocate(p, 0, 0, a);
+  const std::uint64_t creates = s.sim->counters().physical_allocations_created;
+  void* big = s.a().allocate(400 * MiB, 0, a);
+  EXPECT_EQ(s.sim->counters().physical_allocations_created, creates);
+  check(s);
+  s.a().deallocate(big, 0, 0, a);
+  s.a().empty_cache();
+  check(s);
+  EXPECT_EQ(s.sim->mappings(0), 0u);
+  EXPECT_EQ(s.sim->counters().physical_allocations_released, s.sim->counters().physical_allocations_created);
+
+  // The small class maps a page at a time.
+  void* small = s.a().allocate(1000, 0, a);
+  EXPECT_EQ(s.sim->mappings(0), 1u);
+  EXPECT_EQ(s.sim->mapped_bytes(0), kPage);
+  s.a().deallocate(small, 0, 0, a);
+  check(s);
+}
+
+// A piece goes back only whole: empty_cache unmaps the pieces that lie entirely inside free blocks and
+// keeps every piece that holds any byte of a live block, even where most of it is free.
+TEST(Expandable, TrimmingUnmapsWholePiecesOnlyAndKeepsAPieceWithALiveBlock) {
+  SimSetup s(kOn);
+  const Stream a = s.sim->create_stream();
+  s.a().record_history(true, 100);
+  void* x = s.a().allocate(100 * MiB, 0, a);  // pieces [0, 20) [20, 40) [40, 60) [60, 80) [80, 100) MiB
+  const std::uintptr_t base = addr(x);
+  EXPECT_EQ(s.sim->mappings(0), 5u);
+  s.a().deallocate(x, 0, 0, a);
+  void* y = s.a().allocate(30 * MiB, 0, a);  // [0, 30): reuses the free block
+  void* z = s.a().allocate(4 * MiB, 0, a);   // [30, 34)
+  ASSERT_EQ(addr(y), base);
+  ASSERT_EQ(addr(z), base + 30 * MiB);
+  check(s);
+  s.a().empty_cache();  // the free [34, 100): only [40, 100) is whole pieces
+  check(s);
+  EXPECT_EQ(s.stats().reserved_bytes[0].current, static_cast<std::int64_t>(40 * MiB));
+  EXPECT_EQ(s.sim->mappings(0), 2u);
+  EXPECT_TRUE(s.sim->accessible(0, reinterpret_cast<void*>(base + 34 * MiB), 6 * MiB))
+      << "the free end of the piece z lies in stays mapped";
+  EXPECT_FALSE(s.sim->accessible(0, reinterpret_cast<void*>(base + 40 * MiB), 1));
+
+  s.a().deallocate(y, 0, 0, a);  // free [0, 30): the piece [0, 20) goes, [20, 40) holds z
+  s.a().empty_cache();
+  check(s);
+  EXPECT_EQ(s.stats().reserved_bytes[0].current, static_cast<std::int64_t>(20 * MiB));
+  EXPECT_EQ(s.sim->mappings(0), 1u);
+  EXPECT_FALSE(s.sim->accessible(0, y, 1));
+  EXPECT_TRUE(s.sim->accessible(0, reinterpret_cast<void*>(base + 20 * MiB), 20 * MiB)) << "z's piece, whole";
+  const std::vector<SegmentInfo> segments = expandable_segments(s.a());
+  ASSERT_EQ(segments.size(), 1u);
+  EXPECT_EQ(segments[0].address, base + 20 * MiB);
+  EXPECT_EQ(segments[0].total_size, 20 * MiB);
+
+  s.a().deallocate(z, 0, 0, a);
+  s.a().empty_cache();
+  check(s);
+  EXPECT_EQ(s.stats().reserved_bytes[0].current, 0);
+  EXPECT_EQ(s.stats().segment[0].current, 0);
+  EXPECT_EQ(s.sim->counters().address_range_releases, s.sim->counters().address_range_reserves);
+  // The history: one map of the growth, one unmap per run of whole pieces.
+  std::vector<std::pair<std::string, std::pair<std::uintptr_t, std::size_t>>> pages;
+  for (const TraceEntry& e : s.a().history(0)) {
+    if (e.action == TraceAction::kSegmentMap || e.action == TraceAction::kSegmentUnmap) {
+      pages.push_back({to_string(e.action), {e.address - base, e.size}});
+    }
+  }
+  const std::vector<std::pair<std::string, std::pair<std::uintptr_t, std::size_t>>> expected = {
+      {"segment_map", {0, 100 * MiB}},
+      {"segment_unmap", {40 * MiB, 60 * MiB}},
+      {"segment_unmap", {0, 20 * MiB}},
+      {"segment_unmap", {20 * MiB, 20 * MiB}}};
+  EXPECT_EQ(pages, expected);
+}
+
+// A growth that the device fills part way (some pieces mapped, the next refused) takes back what it
+// mapped before the OOM path runs, and so does one whose next map fails with an error; neither leaves
+// a byte mapped nor a range reserved. While another stream captures a graph the take-back needs no
+// device sync, so the capture is not disturbed.
+TEST(Expandable, OutOfMemoryPartWayThroughAGrowthLeavesNothingMapped) {
+  using VmOp = FaultBackend::VmOp;
+  SimBackend::Config config;
+  config.mode = SimBackend::Mode::kManual;
+  config.memory_per_device = 128 * MiB;
+  auto sim = std::make_shared<SimBackend>(config);
+  auto faults = std::make_shared<FaultBackend>(sim);
+  Allocator allocator(Options::parse(std::string(kOn) + ",log_level:off"), faults);
+  const Stream a = sim->create_stream();
+  const Stream b = sim->create_stream();
+  const Stream graph = sim->create_stream();
+  auto consistent = [&] {
+    allocator.validate();
+    sim->validate();
+    // Every segment here is expandable: the cache's memory is the mapped memory.
+    EXPECT_EQ(allocator.stats(0).reserved_bytes[0].current, static_cast<std::int64_t>(sim->mapped_bytes(0)));
+  };
+  // Memory the cache does not hold (another process's), so the cap lets growths try: 88 MiB stay free.
+  void* elsewhere = sim->reserve(0, 40 * MiB);
+  ASSERT_NE(elsewhere, nullptr);
+  const SimBackend::Counters before = sim->counters();
+  // 100 MiB on a new segment of a: four pieces of 20 MiB map, the fifth does not fit. Twice: the OOM
+  // path has nothing to give back.
+  try {
+    allocator.allocate(100 * MiB, 0, a);
+    ADD_FAILURE() << "expected an out-of-memory error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory) << e.what();
+  }
+  consistent();
+  SimBackend::Counters after = sim->counters();
+  EXPECT_EQ(after.physical_allocations_created - before.physical_allocations_created, 8u);
+  EXPECT_EQ(after.physical_allocations_released - before.physical_allocations_released, 8u);
+  EXPECT_EQ(after.unused_page_unmaps - before.unused_page_unmaps, 2u);
+  EXPECT_EQ(sim->mapped_bytes(0), 0u);
+  EXPECT_EQ(sim->mappings(0), 0u);
+  EXPECT_EQ(after.address_range_reserves, after.address_range_releases) << "a's range went back";
+
+  // The same while another stream captures: no unmap_pages, no capture violation.
+  sim->set_capturing(0, graph, true);
+  void* grown = allocator.allocate(4 * MiB, 0, b);  // b's segment grows a piece during the capture
+  EXPECT_THROW(allocator.allocate(100 * MiB, 0, b), Error);
+  consistent();
+  EXPECT_EQ(sim->counters().capture_violations, 0u);
+  EXPECT_EQ(sim->counters().page_unmaps, after.page_unmaps);
+  EXPECT_EQ(sim->mapped_bytes(0), 4 * MiB);
+  sim->set_capturing(0, graph, false);
+
+  // A device error on the third piece of a growth: the two before it go back, the error is the caller's.
+  after = sim->counters();
+  faults->fail(VmOp::kMapPages, 3);
+  EXPECT_THROW(allocator.allocate(60 * MiB, 0, a), Error);
+  consistent();
+  EXPECT_EQ(sim->counters().physical_allocations_created - after.physical_allocations_created, 2u);
+  EXPECT_EQ(sim->mapped_bytes(0), 4 * MiB);
+  EXPECT_EQ(sim->counters().address_range_reserves - sim->counters().address_range_releases, 1u);
+
+  // What fits still maps.
+  void* fits = allocator.allocate(60 * MiB, 0, a);
+  consistent();
+  EXPECT_EQ(sim->mappings(0), 1u + 3u);
+  for (auto [ptr, stream] : {std::pair{grown, b}, std::pair{fits, a}}) allocator.deallocate(ptr, 0, 0, stream);
+  allocator.empty_cache();
+  consistent();
+  EXPECT_EQ(sim->mapped_bytes(0), 0u);
+  EXPECT_EQ(sim->counters().physical_allocations_released, sim->counters().physical_allocations_created);
+  sim->release(0, elsewhere, 40 * MiB);
+}
+
 TEST(Expandable, ABlockAloneInItsSegmentBecomesSplitAndWholeAgain) {
   SimSetup s(kOn);
   const Stream a = s.sim->create_stream();

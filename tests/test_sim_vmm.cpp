@@ -1,14 +1,16 @@
-// Virtual memory on the simulated device: the Backend calls segments that grow in place will stand on
-// (reserve an address range, map and unmap pages in it, release it), against the contract in
-// backend.hpp: whole pages of the granularity, mapped pages counted against the device's memory, a map
-// that does not fit refused with nothing left behind, misuse an error that changes nothing, unmapped
-// pages inaccessible. Also the defaults of a backend without virtual memory, and FaultBackend's
-// injection of map failures.
+// Virtual memory on the simulated device: the Backend calls segments that grow in place stand on
+// (reserve an address range, map and unmap memory in it, release it), against the contract in
+// backend.hpp: whole pages of the granularity, one physical allocation (mapping) per map and mappings
+// unmapped only whole, mapped memory counted against the device's memory, a map that does not fit
+// refused with nothing left behind, misuse an error that changes nothing, unmapped pages inaccessible.
+// Also the defaults of a backend without virtual memory, and FaultBackend's injection of map failures.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <utility>
 #include <random>
 #include <string>
 #include <thread>
@@ -38,9 +40,14 @@ using testing::expect_backend_error;
 struct MemoryView {
   std::size_t mapped = 0;
   std::size_t free = 0;
-  bool operator==(const MemoryView& other) const { return mapped == other.mapped && free == other.free; }
+  std::size_t mappings = 0;
+  bool operator==(const MemoryView& other) const {
+    return mapped == other.mapped && free == other.free && mappings == other.mappings;
+  }
 };
-MemoryView view(SimBackend& sim, int device = 0) { return {sim.mapped_bytes(device), sim.memory_info(device).free_bytes}; }
+MemoryView view(SimBackend& sim, int device = 0) {
+  return {sim.mapped_bytes(device), sim.memory_info(device).free_bytes, sim.mappings(device)};
+}
 
 TEST(SimVmm, GranularityDefaultsToTwoMiBAndIsConfigurable) {
   SimBackend sim(vm_config());
@@ -82,11 +89,12 @@ TEST(SimVmm, ReserveMapUnmapReleaseRoundTrip) {
   EXPECT_EQ(sim.memory_info(0).free_bytes, 64 * MiB) << "address space costs no memory";
   EXPECT_FALSE(sim.accessible(0, base, 1));
 
-  // Two maps side by side, then unmaps that cut across them: pages are independent.
+  // Two maps side by side: two physical allocations, one usable run.
   ASSERT_TRUE(sim.map_pages(0, at(base, 2 * kPage), 2 * kPage));
   ASSERT_TRUE(sim.map_pages(0, at(base, 4 * kPage), kPage));
   sim.validate();
   EXPECT_EQ(sim.mapped_bytes(0), 3 * kPage);
+  EXPECT_EQ(sim.mappings(0), 2u) << "one physical allocation per map, whatever its size";
   EXPECT_EQ(sim.memory_info(0).free_bytes, 64 * MiB - 3 * kPage);
   EXPECT_TRUE(sim.accessible(0, at(base, 2 * kPage), 3 * kPage)) << "adjacent mappings form one usable run";
   EXPECT_FALSE(sim.accessible(0, at(base, kPage), kPage + 1)) << "the page before them is not mapped";
@@ -95,16 +103,18 @@ TEST(SimVmm, ReserveMapUnmapReleaseRoundTrip) {
   EXPECT_EQ(static_cast<unsigned char>(*at(base, 2 * kPage)), 0x5A);
   EXPECT_EQ(static_cast<unsigned char>(*at(base, 5 * kPage - 1)), 0x5A);
 
-  sim.unmap_pages(0, at(base, 3 * kPage), 2 * kPage);  // the second page of one map and the other map
+  sim.unmap_pages(0, at(base, 4 * kPage), kPage);  // the second mapping, whole
   sim.validate();
-  EXPECT_EQ(sim.mapped_bytes(0), kPage);
-  EXPECT_EQ(sim.memory_info(0).free_bytes, 64 * MiB - kPage);
-  EXPECT_TRUE(sim.accessible(0, at(base, 2 * kPage), kPage));
-  EXPECT_FALSE(sim.accessible(0, at(base, 3 * kPage), 1));
-  EXPECT_EQ(static_cast<unsigned char>(*at(base, 3 * kPage - 1)), 0x5A) << "the page left mapped keeps its bytes";
+  EXPECT_EQ(sim.mapped_bytes(0), 2 * kPage);
+  EXPECT_EQ(sim.mappings(0), 1u);
+  EXPECT_EQ(sim.memory_info(0).free_bytes, 64 * MiB - 2 * kPage);
+  EXPECT_TRUE(sim.accessible(0, at(base, 2 * kPage), 2 * kPage));
+  EXPECT_FALSE(sim.accessible(0, at(base, 4 * kPage), 1));
+  EXPECT_EQ(static_cast<unsigned char>(*at(base, 4 * kPage - 1)), 0x5A) << "the mapping left keeps its bytes";
 
-  ASSERT_TRUE(sim.map_pages(0, at(base, 3 * kPage), kPage)) << "an unmapped page can be mapped again";
-  sim.unmap_pages(0, at(base, 2 * kPage), 2 * kPage);
+  ASSERT_TRUE(sim.map_pages(0, at(base, 4 * kPage), kPage)) << "unmapped pages can be mapped again";
+  sim.unmap_pages(0, at(base, 2 * kPage), 3 * kPage);  // both mappings in one call
+  EXPECT_EQ(sim.mappings(0), 0u);
   sim.release_address_range(0, base, range_bytes);
   sim.validate();
   EXPECT_EQ(sim.mapped_bytes(0), 0u);
@@ -113,9 +123,72 @@ TEST(SimVmm, ReserveMapUnmapReleaseRoundTrip) {
   const SimBackend::Counters c = sim.counters();
   EXPECT_EQ(c.address_range_reserves, 1u);
   EXPECT_EQ(c.address_range_releases, 1u);
-  EXPECT_EQ(c.page_maps, 3u);
+  EXPECT_EQ(c.physical_allocations_created, 3u);
+  EXPECT_EQ(c.physical_allocations_released, 3u);
   EXPECT_EQ(c.page_unmaps, 2u);
   EXPECT_EQ(c.map_refusals, 0u);
+}
+
+// The contract's new misuse: a mapping is one physical allocation and goes back whole. Unmapping part
+// of one (its start, its end, its middle, or a span that ends inside the next one) is an error naming
+// the mapping, and changes nothing: the memory stays mapped, accessible, counted and intact.
+TEST(SimVmm, UnmappingPartOfAMappingIsAnErrorAndChangesNothing) {
+  SimBackend sim(vm_config());
+  void* base = sim.reserve_address_range(0, 16 * MiB);
+  ASSERT_NE(base, nullptr);
+  ASSERT_TRUE(sim.map_pages(0, base, 3 * kPage));
+  ASSERT_TRUE(sim.map_pages(0, at(base, 3 * kPage), 2 * kPage));
+  sim.memset_async(0, base, 0x3C, 5 * kPage, 0);
+  const MemoryView before = view(sim);
+  const SimBackend::Counters counters = sim.counters();
+  char first[32];
+  std::snprintf(first, sizeof first, "0x%jx", static_cast<std::uintmax_t>(reinterpret_cast<std::uintptr_t>(base)));
+  for (const auto& [offset, bytes] : {std::pair{std::size_t{0}, kPage},  // the first page of the first mapping
+                                      std::pair{kPage, 2 * kPage},       // its last two
+                                      std::pair{kPage, kPage},           // its middle
+                                      std::pair{std::size_t{0}, 4 * kPage},  // it, and half of the next
+                                      std::pair{3 * kPage, kPage}}) {    // the first half of the second
+    expect_backend_error([&] { sim.unmap_pages(0, at(base, offset), bytes); }, {"unmap_pages", "cut the mapping at"});
+    expect_backend_error([&] { sim.unmap_unused_pages(0, at(base, offset), bytes); },
+                         {"unmap_unused_pages", "cut the mapping at", "unmapped whole"});
+    EXPECT_TRUE(view(sim) == before) << "offset " << offset << ", " << bytes << " bytes";
+  }
+  expect_backend_error([&] { sim.unmap_pages(0, at(base, kPage), kPage); }, {std::string("the mapping at ") + first});
+  EXPECT_TRUE(sim.accessible(0, base, 5 * kPage));
+  EXPECT_EQ(static_cast<unsigned char>(*at(base, kPage)), 0x3C) << "the refused unmaps dropped no page";
+  EXPECT_EQ(static_cast<unsigned char>(*at(base, 5 * kPage - 1)), 0x3C);
+  EXPECT_EQ(sim.counters().physical_allocations_released, counters.physical_allocations_released);
+  EXPECT_EQ(sim.counters().page_unmaps, counters.page_unmaps);
+  sim.validate();
+  sim.unmap_pages(0, base, 5 * kPage);
+  sim.release_address_range(0, base, 16 * MiB);
+  sim.validate();
+}
+
+// unmap_unused_pages takes back fresh mappings without waiting for any stream, also during a capture,
+// where unmap_pages is refused; it counts its mappings as released like unmap_pages.
+TEST(SimVmm, UnmapUnusedPagesNeitherWaitsNorIsRefusedDuringACapture) {
+  SimBackend sim(vm_config(64 * MiB, SimBackend::Mode::kManual));
+  const Stream busy = sim.create_stream();
+  const Stream capturing = sim.create_stream();
+  void* base = sim.reserve_address_range(0, 16 * MiB);
+  ASSERT_NE(base, nullptr);
+  sim.enqueue(0, busy, [] {});
+  sim.set_capturing(0, capturing, true);
+  ASSERT_TRUE(sim.map_pages(0, base, kPage));
+  ASSERT_TRUE(sim.map_pages(0, at(base, kPage), 3 * kPage));
+  sim.unmap_unused_pages(0, base, 4 * kPage);
+  EXPECT_EQ(sim.queued_items(0, busy), 1u) << "nothing waited for the busy stream";
+  EXPECT_EQ(sim.mapped_bytes(0), 0u);
+  EXPECT_EQ(sim.mappings(0), 0u);
+  EXPECT_EQ(sim.counters().capture_violations, 0u);
+  EXPECT_EQ(sim.counters().unused_page_unmaps, 1u);
+  EXPECT_EQ(sim.counters().physical_allocations_released, 2u);
+  expect_backend_error([&] { sim.unmap_unused_pages(0, base, kPage); }, {"unmap_unused_pages", "is not mapped"});
+  sim.set_capturing(0, capturing, false);
+  sim.release_address_range(0, base, 16 * MiB);
+  sim.synchronize_all();
+  sim.validate();
 }
 
 TEST(SimVmm, RangesAndReservationsNeverOverlapAndDoNotMix) {
@@ -155,7 +228,8 @@ TEST(SimVmm, MappedPagesAndReservationsShareTheDeviceMemory) {
   ASSERT_NE(memory, nullptr);
   void* base = sim.reserve_address_range(0, 64 * MiB);
   ASSERT_NE(base, nullptr);
-  ASSERT_TRUE(sim.map_pages(0, base, 24 * MiB)) << "40 MiB reserved + 24 MiB mapped fill the 64 MiB device";
+  ASSERT_TRUE(sim.map_pages(0, base, 16 * MiB));
+  ASSERT_TRUE(sim.map_pages(0, at(base, 16 * MiB), 8 * MiB)) << "40 MiB reserved + 24 MiB mapped fill the 64 MiB device";
   EXPECT_EQ(sim.memory_info(0).free_bytes, 0u);
   EXPECT_EQ(sim.memory_info(0).total_bytes, 64 * MiB);
   EXPECT_FALSE(sim.map_pages(0, at(base, 24 * MiB), kPage)) << "no room for one more page";
@@ -170,7 +244,7 @@ TEST(SimVmm, MappedPagesAndReservationsShareTheDeviceMemory) {
   sim.release(0, memory, 40 * MiB);
   ASSERT_TRUE(sim.map_pages(0, at(base, 16 * MiB), 48 * MiB)) << "released memory is mappable";
   EXPECT_EQ(sim.memory_info(0).free_bytes, 0u);
-  sim.unmap_pages(0, base, 64 * MiB);
+  sim.unmap_pages(0, base, 64 * MiB);  // both mappings
   sim.release_address_range(0, base, 64 * MiB);
   EXPECT_EQ(sim.memory_info(0).free_bytes, 64 * MiB);
   sim.validate();
@@ -189,7 +263,8 @@ TEST(SimVmm, MapThatDoesNotFitLeavesNothingBehind) {
   expect_backend_error([&] { sim.memset_async(0, at(base, 12 * MiB), 0, kPage, 0); }, {"not mapped"});
   sim.validate();
   EXPECT_EQ(sim.counters().map_refusals, 1u);
-  EXPECT_EQ(sim.counters().page_maps, 1u);
+  EXPECT_EQ(sim.counters().physical_allocations_created, 1u);
+  EXPECT_EQ(sim.mappings(0), 1u);
   // The same pages map once they fit, and nothing half-mapped is in the way.
   ASSERT_TRUE(sim.map_pages(0, at(base, 12 * MiB), 2 * kPage));
   sim.unmap_pages(0, base, 16 * MiB);
@@ -378,7 +453,7 @@ TEST(SimVmm, InjectedMapFailuresRefuseExactlyTheNextN) {
   EXPECT_EQ(sim.memory_info(0).free_bytes, 64 * MiB);
   EXPECT_TRUE(sim.map_pages(0, base, kPage)) << "the third map is not refused";
   EXPECT_EQ(sim.counters().map_refusals, 2u);
-  EXPECT_EQ(sim.counters().page_maps, 1u);
+  EXPECT_EQ(sim.counters().physical_allocations_created, 1u);
   sim.unmap_pages(0, base, kPage);
   sim.release_address_range(0, base, 8 * MiB);
 }
@@ -393,6 +468,7 @@ TEST(SimVmm, DeviceWithoutVirtualMemorySaysSo) {
   int local = 0;
   expect_backend_error([&] { sim.map_pages(0, &local, kPage); }, {"map_pages", "not supported"});
   expect_backend_error([&] { sim.unmap_pages(0, &local, kPage); }, {"unmap_pages", "not supported"});
+  expect_backend_error([&] { sim.unmap_unused_pages(0, &local, kPage); }, {"unmap_unused_pages", "not supported"});
   expect_backend_error([&] { sim.release_address_range(0, &local, kPage); }, {"release_address_range", "not supported"});
 }
 
@@ -424,6 +500,7 @@ TEST(SimVmm, BackendDefaultsSayNotSupported) {
   expect_backend_error([&] { backend.reserve_address_range(0, kPage); }, {"reserve_address_range", "not supported"});
   expect_backend_error([&] { backend.map_pages(0, &local, kPage); }, {"map_pages", "not supported"});
   expect_backend_error([&] { backend.unmap_pages(0, &local, kPage); }, {"unmap_pages", "not supported"});
+  expect_backend_error([&] { backend.unmap_unused_pages(0, &local, kPage); }, {"unmap_unused_pages", "not supported"});
   expect_backend_error([&] { backend.release_address_range(0, &local, kPage); }, {"release_address_range"});
 }
 
@@ -439,7 +516,7 @@ TEST(SimVmm, FaultBackendInjectsMapRefusalsAndErrors) {
   faults.refuse_maps(1);
   EXPECT_FALSE(faults.map_pages(0, base, kPage)) << "refused as a full device would";
   EXPECT_EQ(sim->mapped_bytes(0), 0u);
-  EXPECT_EQ(sim->counters().page_maps, 0u) << "a refused map never reaches the device";
+  EXPECT_EQ(sim->counters().physical_allocations_created, 0u) << "a refused map never reaches the device";
   ASSERT_TRUE(faults.map_pages(0, base, kPage));
 
   faults.fail(Op::kMapPages);
@@ -461,9 +538,10 @@ TEST(SimVmm, FaultBackendInjectsMapRefusalsAndErrors) {
   sim->validate();
 }
 
-// Threads each map and unmap pages of their own range, with a device too small for what they want
-// (even for one thread's whole range), so maps are refused while pages are held. Each thread fills
-// what it maps and checks its bytes; at the end every page is back and the model validates.
+// Threads each map and unmap memory of their own range, with a device too small for what they want
+// (even for one thread's whole range), so maps are refused while memory is held. Each unmap takes one
+// whole mapping or two side by side. Each thread fills what it maps and checks its bytes; at the end
+// every mapping is back and the model validates.
 TEST(SimVmm, ThreadsMapAndUnmapTheirOwnRanges) {
   constexpr int kThreads = 4;
   constexpr int kRounds = 400;
@@ -483,33 +561,43 @@ TEST(SimVmm, ThreadsMapAndUnmapTheirOwnRanges) {
         ++corrupted;
         return;
       }
-      std::vector<bool> mapped(kRangePages, false);
+      // mapping[p]: the pages of the mapping that starts at page p, 0 where none does.
+      std::vector<std::size_t> mapping(kRangePages, 0);
+      auto covered = [&](std::size_t page) {
+        for (std::size_t p = 0; p <= page; ++p) {
+          if (mapping[p] != 0 && p + mapping[p] > page) return true;
+        }
+        return false;
+      };
       for (int round = 0; round < kRounds; ++round) {
         const std::size_t page = rng() % kRangePages;
-        const std::size_t count = 1 + rng() % 2;
-        bool all_unmapped = page + count <= kRangePages;
-        bool all_mapped = all_unmapped;
-        for (std::size_t p = page; p < page + count && p < kRangePages; ++p) {
-          all_unmapped = all_unmapped && !mapped[p];
-          all_mapped = all_mapped && mapped[p];
-        }
         char* first = at(base, page * kSmallPage);
-        if (all_unmapped) {
-          if (!sim.map_pages(0, first, count * kSmallPage)) {
-            ++refused;
-            continue;
-          }
-          for (std::size_t p = page; p < page + count; ++p) mapped[p] = true;
-          sim.memset_async(0, first, t + 1, count * kSmallPage, 0);  // eager: done when it returns
-          if (first[0] != t + 1 || first[count * kSmallPage - 1] != t + 1) ++corrupted;
-        } else if (all_mapped) {
+        if (mapping[page] != 0) {  // unmap it, and the next mapping too when it follows right after
           if (first[0] != t + 1) ++corrupted;
-          sim.unmap_pages(0, first, count * kSmallPage);
-          for (std::size_t p = page; p < page + count; ++p) mapped[p] = false;
+          std::size_t pages = mapping[page];
+          mapping[page] = 0;
+          if (rng() % 2 == 0 && page + pages < kRangePages && mapping[page + pages] != 0) {
+            const std::size_t next = page + pages;
+            pages += mapping[next];
+            mapping[next] = 0;
+          }
+          sim.unmap_pages(0, first, pages * kSmallPage);
+          continue;
         }
+        const std::size_t count = 1 + rng() % 2;
+        bool free = page + count <= kRangePages;
+        for (std::size_t p = page; free && p < page + count; ++p) free = !covered(p);
+        if (!free) continue;
+        if (!sim.map_pages(0, first, count * kSmallPage)) {
+          ++refused;
+          continue;
+        }
+        mapping[page] = count;
+        sim.memset_async(0, first, t + 1, count * kSmallPage, 0);  // eager: done when it returns
+        if (first[0] != t + 1 || first[count * kSmallPage - 1] != t + 1) ++corrupted;
       }
       for (std::size_t p = 0; p < kRangePages; ++p) {
-        if (mapped[p]) sim.unmap_pages(0, at(base, p * kSmallPage), kSmallPage);
+        if (mapping[p] != 0) sim.unmap_pages(0, at(base, p * kSmallPage), mapping[p] * kSmallPage);
       }
       sim.release_address_range(0, base, kRangePages * kSmallPage);
     });
@@ -518,9 +606,11 @@ TEST(SimVmm, ThreadsMapAndUnmapTheirOwnRanges) {
   EXPECT_EQ(corrupted.load(), 0);
   EXPECT_GT(refused.load(), 0) << "the device was meant to be too small for what the threads map";
   EXPECT_EQ(sim.mapped_bytes(0), 0u);
+  EXPECT_EQ(sim.mappings(0), 0u);
   EXPECT_EQ(sim.memory_info(0).free_bytes, 6 * kSmallPage);
   const SimBackend::Counters c = sim.counters();
   EXPECT_EQ(c.map_refusals, static_cast<std::uint64_t>(refused.load()));
+  EXPECT_EQ(c.physical_allocations_released, c.physical_allocations_created);
   EXPECT_EQ(c.address_range_reserves, static_cast<std::uint64_t>(kThreads));
   EXPECT_EQ(c.address_range_releases, static_cast<std::uint64_t>(kThreads));
   sim.validate();

@@ -1,21 +1,24 @@
-// AddressRanges: the reserved virtual address ranges of one device and which of their pages are
-// mapped, with the checks of the Backend's virtual-memory contract (backend.hpp). Both backends keep
-// one per device: the simulated device because this is its whole model of the address space, the CUDA
-// backend because unmapping needs the physical handle of each page and because a misuse caught here
-// gets a message that says what was wrong instead of the driver's CUDA_ERROR_INVALID_VALUE.
+// AddressRanges: the reserved virtual address ranges of one device and the mappings inside them, with
+// the checks of the Backend's virtual-memory contract (backend.hpp). Both backends keep one per device:
+// the simulated device because this is its whole model of the address space, the CUDA backend because
+// unmapping needs the physical handle of each mapping and because a misuse caught here gets a message
+// that says what was wrong instead of the driver's CUDA_ERROR_INVALID_VALUE.
 //
-// A page is `page_bytes` (the device's granularity) at a page-aligned address inside a range; each
-// mapped page carries the backend's handle of its physical memory (0 in the simulation). Mapped pages
-// are kept sparsely, by address, so a range as large as the device's address space costs nothing
-// until pages are mapped into it.
+// A mapping is what one map_pages call made: one physical allocation of whole pages (`page_bytes`, the
+// device's granularity) at a page-aligned address inside a range, carrying the backend's handle of its
+// memory (0 in the simulation). Mappings are unmapped whole only, alone or several side by side.
+// Mappings are kept sparsely, by address, so a range as large as the device's address space costs
+// nothing until memory is mapped into it.
 //
 // Not thread-safe: the owning backend holds its lock around every call. Misuse throws
 // Error(kBackend) whose message starts with the caller's `call` text, and changes nothing.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <iterator>
 #include <map>
 #include <string>
 
@@ -31,8 +34,9 @@ class AddressRanges {
 
   std::size_t page_bytes() const { return page_bytes_; }
   std::size_t reserved_bytes() const { return reserved_bytes_; }  // SUM of the ranges' sizes
-  std::size_t mapped_bytes() const { return mapped_pages_ * page_bytes_; }  // SUM over every range
-  std::size_t range_count() const { return ranges_.size(); }  // COUNT
+  std::size_t mapped_bytes() const { return mapped_bytes_; }      // SUM of the mappings' sizes, every range
+  std::size_t mapping_count() const { return mapping_count_; }    // COUNT of mappings, every range
+  std::size_t range_count() const { return ranges_.size(); }      // COUNT
 
   static std::string hex(std::uintptr_t value) {
     char buf[2 + 2 * sizeof value + 1];
@@ -54,7 +58,7 @@ class AddressRanges {
     reserved_bytes_ += bytes;
   }
 
-  // A release_address_range: exactly a reserved range, with every page unmapped.
+  // A release_address_range: exactly a reserved range, with nothing mapped in it.
   void check_release(std::uintptr_t base, std::size_t bytes, const std::string& call) const {
     const auto it = ranges_.find(base);
     if (it == ranges_.end()) {
@@ -64,9 +68,9 @@ class AddressRanges {
     if (it->second.bytes != bytes) {
       fail(call, "the range has " + std::to_string(it->second.bytes) + " bytes; pass the reserved size");
     }
-    if (!it->second.pages.empty()) {
-      fail(call, std::to_string(it->second.pages.size()) + " page(s) of the range are still mapped (the first at " +
-                     hex(it->second.pages.begin()->first) + "); unmap_pages them first");
+    if (!it->second.mappings.empty()) {
+      fail(call, std::to_string(it->second.mappings.size()) + " mapping(s) of the range are still mapped (the first at " +
+                     hex(it->second.mappings.begin()->first) + "); unmap_pages them first");
     }
   }
 
@@ -76,35 +80,67 @@ class AddressRanges {
     ranges_.erase(it);
   }
 
-  // A map_pages: page-aligned, inside one range, every page unmapped.
+  // A map_pages: page-aligned, inside one range, overlapping no mapping.
   void check_map(std::uintptr_t at, std::size_t bytes, const std::string& call) const {
     const Range& range = range_of(at, bytes, call);
-    const auto first = range.pages.lower_bound(at);
-    if (first != range.pages.end() && first->first - at < bytes) {
-      fail(call, "the page at " + hex(first->first) + " is already mapped; unmap it first or map elsewhere");
+    auto next = range.mappings.lower_bound(at);
+    if (next != range.mappings.begin()) {
+      const auto before = std::prev(next);
+      if (before->first + before->second.bytes > at) {
+        fail(call, "the page at " + hex(at) + " is already mapped (by the mapping at " + hex(before->first) +
+                       "); unmap it first or map elsewhere");
+      }
+    }
+    if (next != range.mappings.end() && next->first - at < bytes) {
+      fail(call, "the page at " + hex(next->first) + " is already mapped; unmap it first or map elsewhere");
     }
   }
 
-  // Records one page the backend has just mapped; check_map() passed for it.
-  void add_page(std::uintptr_t page, Handle handle) {
-    range_containing(page)->second.pages.emplace(page, handle);
-    ++mapped_pages_;
+  // Records the mapping the backend has just made; check_map() passed for it.
+  void add_mapping(std::uintptr_t at, std::size_t bytes, Handle handle) {
+    range_containing(at)->second.mappings.emplace(at, Mapping{bytes, handle});
+    mapped_bytes_ += bytes;
+    ++mapping_count_;
   }
 
-  // An unmap_pages: page-aligned, inside one range, every page mapped.
-  void check_unmap(std::uintptr_t at, std::size_t bytes, const std::string& call) const {
+  // An unmap_pages: page-aligned, inside one range, exactly whole mappings side by side. Returns how many.
+  std::size_t check_unmap(std::uintptr_t at, std::size_t bytes, const std::string& call) const {
     const Range& range = range_of(at, bytes, call);
-    const std::uintptr_t hole = first_unmapped(range, at, bytes);
-    if (hole != 0) fail(call, "the page at " + hex(hole) + " is not mapped (unmapped twice, or never mapped)");
+    const std::uintptr_t end = at + bytes;
+    auto it = range.mappings.upper_bound(at);
+    if (it != range.mappings.begin()) {
+      const auto before = std::prev(it);
+      if (before->first < at && before->first + before->second.bytes > at) cuts(call, before->first, before->second);
+      if (before->first == at) it = before;
+    }
+    std::size_t count = 0;
+    for (std::uintptr_t expected = at; expected < end; ++it, ++count) {
+      if (it == range.mappings.end() || it->first != expected) {
+        fail(call, "the page at " + hex(expected) + " is not mapped (unmapped twice, or never mapped)");
+      }
+      const std::uintptr_t mapping_end = it->first + it->second.bytes;
+      if (mapping_end > end) cuts(call, it->first, it->second);
+      expected = mapping_end;
+    }
+    return count;
   }
 
-  // The handle of a mapped page.
-  Handle handle(std::uintptr_t page) const { return range_containing(page)->second.pages.at(page); }
+  // Calls fn(address, bytes, handle) for every mapping in [at, at + bytes), which check_unmap() passed.
+  template <typename Fn>
+  void for_each_mapping_in(std::uintptr_t at, std::size_t bytes, Fn fn) const {
+    const Range& range = range_containing(at)->second;
+    for (auto it = range.mappings.find(at); it != range.mappings.end() && it->first < at + bytes; ++it) {
+      fn(it->first, it->second.bytes, it->second.handle);
+    }
+  }
 
-  // Forgets one mapped page once the backend has unmapped it.
-  void remove_page(std::uintptr_t page) {
-    range_containing(page)->second.pages.erase(page);
-    --mapped_pages_;
+  // Forgets one mapping once the backend has unmapped it.
+  void remove_mapping(std::uintptr_t at) {
+    auto& mappings = range_containing(at)->second.mappings;
+    const auto it = mappings.find(at);
+    mapped_bytes_ -= it->second.bytes;
+    --mapping_count_;
+    mappings.erase(it);
   }
 
   // True when [at, at + bytes) lies inside one range: an address the device may name, mapped or not.
@@ -113,20 +149,28 @@ class AddressRanges {
     return it != ranges_.end() && bytes <= it->second.bytes && at - it->first <= it->second.bytes - bytes;
   }
 
-  // True when every byte of [at, at + bytes) lies in mapped pages of one range: the device may touch it.
+  // True when every byte of [at, at + bytes) lies in mappings of one range: the device may touch it.
   bool mapped(std::uintptr_t at, std::size_t bytes) const {
     if (bytes == 0 || !reserved(at, bytes)) return false;
-    const std::uintptr_t first_page = at - at % page_bytes_;
-    const std::size_t span = (at - first_page) + bytes;
-    const std::size_t whole = (span + page_bytes_ - 1) / page_bytes_ * page_bytes_;
-    return first_unmapped(range_containing(at)->second, first_page, whole) == 0;
+    const Range& range = range_containing(at)->second;
+    auto it = range.mappings.upper_bound(at);
+    if (it == range.mappings.begin()) return false;
+    --it;  // the last mapping that starts at or before `at`
+    std::uintptr_t covered = at;  // every byte of [at, covered) is mapped
+    for (;;) {
+      if (it->first > covered) return false;  // a hole
+      covered = std::max(covered, it->first + it->second.bytes);
+      if (covered - at >= bytes) return true;
+      if (++it == range.mappings.end()) return false;
+    }
   }
 
-  // Every invariant, recomputed: ranges are page-aligned and disjoint, pages lie aligned inside their
-  // range, and the sums match. Returns what is wrong, empty when nothing is.
+  // Every invariant, recomputed: ranges are page-aligned and disjoint, mappings are whole pages inside
+  // their range and disjoint, and the sums match. Returns what is wrong, empty when nothing is.
   std::string validate() const {
     std::size_t reserved = 0;
-    std::size_t pages = 0;
+    std::size_t mapped = 0;
+    std::size_t count = 0;
     std::uintptr_t end_of_previous = 0;
     for (const auto& [base, range] : ranges_) {
       if (base % page_bytes_ != 0 || range.bytes == 0 || range.bytes % page_bytes_ != 0) {
@@ -134,18 +178,26 @@ class AddressRanges {
       }
       if (base < end_of_previous) return "range " + hex(base) + " overlaps the range before it";
       end_of_previous = base + range.bytes;
-      for (const auto& [page, handle] : range.pages) {
-        if (page % page_bytes_ != 0 || page < base || page - base >= range.bytes) {
-          return "page " + hex(page) + " is not an aligned page of range " + hex(base);
+      std::uintptr_t end_of_mapping = base;
+      for (const auto& [at, mapping] : range.mappings) {
+        if (at % page_bytes_ != 0 || mapping.bytes == 0 || mapping.bytes % page_bytes_ != 0 || at < base ||
+            mapping.bytes > range.bytes || at - base > range.bytes - mapping.bytes) {
+          return "mapping " + hex(at) + " (" + std::to_string(mapping.bytes) + " bytes) is not whole pages of range " +
+                 hex(base);
         }
+        if (at < end_of_mapping) return "mapping " + hex(at) + " overlaps the mapping before it";
+        end_of_mapping = at + mapping.bytes;
+        mapped += mapping.bytes;
       }
       reserved += range.bytes;
-      pages += range.pages.size();
+      count += range.mappings.size();
     }
     if (reserved != reserved_bytes_) return "reserved bytes are " + std::to_string(reserved_bytes_) +
                                             ", the ranges sum to " + std::to_string(reserved);
-    if (pages != mapped_pages_) return "mapped pages are counted as " + std::to_string(mapped_pages_) +
-                                      ", the ranges hold " + std::to_string(pages);
+    if (mapped != mapped_bytes_) return "mapped bytes are counted as " + std::to_string(mapped_bytes_) +
+                                        ", the mappings sum to " + std::to_string(mapped);
+    if (count != mapping_count_) return "mappings are counted as " + std::to_string(mapping_count_) +
+                                        ", the ranges hold " + std::to_string(count);
     return {};
   }
 
@@ -156,14 +208,22 @@ class AddressRanges {
   }
 
  private:
+  struct Mapping {
+    std::size_t bytes = 0;
+    Handle handle = 0;
+  };
   struct Range {
     std::size_t bytes = 0;
-    std::map<std::uintptr_t, Handle> pages;  // mapped pages by address
+    std::map<std::uintptr_t, Mapping> mappings;  // by address
   };
   using Ranges = std::map<std::uintptr_t, Range>;
 
   [[noreturn]] static void fail(const std::string& call, const std::string& why) {
     throw Error(ErrorCode::kBackend, call + ": " + why);
+  }
+  [[noreturn]] static void cuts(const std::string& call, std::uintptr_t at, const Mapping& mapping) {
+    fail(call, "the bytes cut the mapping at " + hex(at) + " (" + std::to_string(mapping.bytes) +
+                   " bytes); a mapping is unmapped whole, as map_pages made it");
   }
 
   // The range whose addresses include `at`, or end().
@@ -191,19 +251,11 @@ class AddressRanges {
     return range_containing(at)->second;
   }
 
-  // The first page of [first_page, first_page + bytes) (whole pages of `range`) that is not mapped, or 0.
-  std::uintptr_t first_unmapped(const Range& range, std::uintptr_t first_page, std::size_t bytes) const {
-    auto it = range.pages.lower_bound(first_page);
-    for (std::size_t offset = 0; offset < bytes; offset += page_bytes_, ++it) {
-      if (it == range.pages.end() || it->first != first_page + offset) return first_page + offset;
-    }
-    return 0;
-  }
-
   std::size_t page_bytes_;
   Ranges ranges_;
   std::size_t reserved_bytes_ = 0;
-  std::size_t mapped_pages_ = 0;
+  std::size_t mapped_bytes_ = 0;
+  std::size_t mapping_count_ = 0;
 };
 
 }  // namespace streamalloc

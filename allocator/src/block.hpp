@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "segment_pieces.hpp"
 #include "streamalloc/types.hpp"
 
 namespace streamalloc {
@@ -93,6 +94,9 @@ struct Segment {
   // Expandable segments (docs/design.md, "Expandable segments"): the bytes of the reserved address
   // range whose mapped pages the blocks cover; 0 for a fixed segment.
   std::size_t address_range = 0;
+  // Of an expandable segment: the physical allocations mapped into its range, which tile exactly the
+  // bytes its blocks cover and go back only whole. Empty for a fixed segment.
+  SegmentPieces pieces;
 
   bool expandable() const { return address_range != 0; }
   // Bytes from its address to the end of its last block. Of a fixed segment: its size. An expandable

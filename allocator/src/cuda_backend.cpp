@@ -206,36 +206,40 @@ CUmemAllocationProp device_memory(CUdevice device) {
   return prop;
 }
 
-// The pages one map_pages call has created and mapped so far. Unless committed, its destructor unmaps
-// and releases them, so a call that fails part way (out of memory, or an error) leaves nothing behind.
-class PagesInFlight {
+// The physical allocation one map_pages call is making. Unless committed, its destructor unmaps it
+// (once mapped) and releases it (once created), so a call that fails part way (out of memory, or an
+// error) leaves nothing behind.
+class MappingInFlight {
  public:
-  PagesInFlight(const DriverVm& driver, CUdeviceptr base, std::size_t page_bytes)
-      : driver_(driver), base_(base), page_bytes_(page_bytes) {}
-  ~PagesInFlight() {
+  MappingInFlight(const DriverVm& driver, CUdeviceptr at, std::size_t bytes) : driver_(driver), at_(at), bytes_(bytes) {}
+  ~MappingInFlight() {
     if (committed_) return;
-    // Undoing our own fresh mappings; a failure here has nothing better to do than go on.
-    for (std::size_t i = 0; i < mapped_; ++i) (void)driver_.unmap(base_ + i * page_bytes_, page_bytes_);
-    for (CUmemGenericAllocationHandle handle : handles_) (void)driver_.release(handle);
+    // Undoing our own fresh mapping; a failure here has nothing better to do than go on.
+    if (mapped_) (void)driver_.unmap(at_, bytes_);
+    if (created_) (void)driver_.release(handle_);
   }
-  PagesInFlight(const PagesInFlight&) = delete;
-  PagesInFlight& operator=(const PagesInFlight&) = delete;
+  MappingInFlight(const MappingInFlight&) = delete;
+  MappingInFlight& operator=(const MappingInFlight&) = delete;
 
-  void created(CUmemGenericAllocationHandle handle) { handles_.push_back(handle); }
-  void mapped() { ++mapped_; }
-  const std::vector<CUmemGenericAllocationHandle>& handles() const { return handles_; }
+  void created(CUmemGenericAllocationHandle handle) {
+    handle_ = handle;
+    created_ = true;
+  }
+  void mapped() { mapped_ = true; }
+  CUmemGenericAllocationHandle handle() const { return handle_; }
   void commit() { committed_ = true; }
 
  private:
   const DriverVm& driver_;
-  CUdeviceptr base_;
-  std::size_t page_bytes_;
-  std::vector<CUmemGenericAllocationHandle> handles_;  // one per page, in address order
-  std::size_t mapped_ = 0;                             // the first `mapped_` of them are mapped
+  CUdeviceptr at_;
+  std::size_t bytes_;
+  CUmemGenericAllocationHandle handle_ = 0;
+  bool created_ = false;
+  bool mapped_ = false;
   bool committed_ = false;
 };
 
-// One device's virtual memory: whether it has it, and its ranges and mapped pages.
+// One device's virtual memory: whether it has it, and its ranges and mappings.
 struct DeviceVm {
   std::mutex mutex;  // every VM call of the device, driver calls included
   bool probed = false;
@@ -401,53 +405,32 @@ class CudaBackend final : public Backend {
     DeviceGuard guard(device, true);
     RelaxedCaptureMode relaxed;  // no stream work: safe during a capture, as reserve() is
     const DriverVm& driver = DriverVm::get();
-    const std::size_t page = ranges.page_bytes();
     const CUmemAllocationProp prop = device_memory(vm.cu_device);
-    // One physical allocation per page, so that any page can be unmapped on its own later.
-    PagesInFlight pages(driver, base, page);
-    for (std::size_t offset = 0; offset < bytes; offset += page) {
-      CUmemGenericAllocationHandle handle = 0;
-      CUresult result = driver.create(&handle, page, &prop, 0);
-      if (result == CUDA_ERROR_OUT_OF_MEMORY) return false;  // `pages` gives back what was made
-      check_driver(result, "cuMemCreate", device);
-      pages.created(handle);
-      result = driver.map(base + offset, page, 0, handle, 0);
-      if (result == CUDA_ERROR_OUT_OF_MEMORY) return false;
-      check_driver(result, "cuMemMap", device);
-      pages.mapped();
-    }
+    // One physical allocation for the whole call: one create, one map, one access grant.
+    MappingInFlight mapping(driver, base, bytes);
+    CUmemGenericAllocationHandle handle = 0;
+    CUresult result = driver.create(&handle, bytes, &prop, 0);
+    if (result == CUDA_ERROR_OUT_OF_MEMORY) return false;
+    check_driver(result, "cuMemCreate", device);
+    mapping.created(handle);
+    result = driver.map(base, bytes, 0, handle, 0);
+    if (result == CUDA_ERROR_OUT_OF_MEMORY) return false;  // `mapping` releases what was made
+    check_driver(result, "cuMemMap", device);
+    mapping.mapped();
     CUmemAccessDesc access = {};
     access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access.location.id = vm.cu_device;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    const CUresult result = driver.set_access(base, bytes, &access, 1);
+    result = driver.set_access(base, bytes, &access, 1);
     if (result == CUDA_ERROR_OUT_OF_MEMORY) return false;
     check_driver(result, "cuMemSetAccess", device);
-    for (std::size_t i = 0; i < pages.handles().size(); ++i) ranges.add_page(base + i * page, pages.handles()[i]);
-    pages.commit();
+    ranges.add_mapping(base, bytes, mapping.handle());
+    mapping.commit();
     return true;
   }
 
-  void unmap_pages(int device, void* at, std::size_t bytes) override {
-    DeviceVm& vm = vm_of(device, "unmap_pages");
-    std::lock_guard<std::mutex> lock(vm.mutex);
-    AddressRanges& ranges = ranges_of(vm, device, "unmap_pages");
-    const auto base = reinterpret_cast<CUdeviceptr>(at);
-    ranges.check_unmap(base, bytes, vm_call("unmap_pages", device, at, bytes));
-    DeviceGuard guard(device, true);
-    // cuMemUnmap and cuMemRelease do not wait for work still using the pages (PyTorch synchronizes
-    // before them too). Waiting for the device, as cudaFree does, keeps release()'s contract: work
-    // enqueued before the call still finds its memory.
-    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize", device);
-    const DriverVm& driver = DriverVm::get();
-    const std::size_t page = ranges.page_bytes();
-    for (std::size_t offset = 0; offset < bytes; offset += page) {
-      const CUmemGenericAllocationHandle handle = ranges.handle(base + offset);
-      check_driver(driver.unmap(base + offset, page), "cuMemUnmap", device);
-      ranges.remove_page(base + offset);
-      check_driver(driver.release(handle), "cuMemRelease", device);
-    }
-  }
+  void unmap_pages(int device, void* at, std::size_t bytes) override { unmap(device, at, bytes, true); }
+  void unmap_unused_pages(int device, void* at, std::size_t bytes) override { unmap(device, at, bytes, false); }
 
   void release_address_range(int device, void* base, std::size_t bytes) override {
     DeviceVm& vm = vm_of(device, "release_address_range");
@@ -462,6 +445,39 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // Unmaps and releases each whole mapping of [at, at + bytes). `synchronize`: wait for the device
+  // first, as cuMemUnmap and cuMemRelease do not wait for work still using the memory (PyTorch
+  // synchronizes before them too); waiting, as cudaFree does, keeps release()'s contract: work enqueued
+  // before the call still finds its memory. Memory no work has used needs no wait, and then the call is
+  // no stream work and runs in relaxed capture mode, so it is allowed during a capture.
+  void unmap(int device, void* at, std::size_t bytes, bool synchronize) {
+    const char* call = synchronize ? "unmap_pages" : "unmap_unused_pages";
+    DeviceVm& vm = vm_of(device, call);
+    std::lock_guard<std::mutex> lock(vm.mutex);
+    AddressRanges& ranges = ranges_of(vm, device, call);
+    const auto base = reinterpret_cast<CUdeviceptr>(at);
+    const std::size_t count = ranges.check_unmap(base, bytes, vm_call(call, device, at, bytes));
+    DeviceGuard guard(device, true);
+    if (synchronize) check(cudaDeviceSynchronize(), "cudaDeviceSynchronize", device);
+    RelaxedCaptureMode relaxed;
+    struct Mapping {
+      CUdeviceptr address;
+      std::size_t bytes;
+      CUmemGenericAllocationHandle handle;
+    };
+    std::vector<Mapping> mappings;
+    mappings.reserve(count);
+    ranges.for_each_mapping_in(base, bytes, [&](std::uintptr_t address, std::size_t size, AddressRanges::Handle handle) {
+      mappings.push_back({address, size, handle});
+    });
+    const DriverVm& driver = DriverVm::get();
+    for (const Mapping& mapping : mappings) {
+      check_driver(driver.unmap(mapping.address, mapping.bytes), "cuMemUnmap", device);
+      ranges.remove_mapping(mapping.address);
+      check_driver(driver.release(mapping.handle), "cuMemRelease", device);
+    }
+  }
+
   DeviceVm& vm_of(int device, const char* call) {
     if (device < 0 || device >= device_count_) {
       throw Error(ErrorCode::kBackend, std::string("CudaBackend::") + call + ": device " + std::to_string(device) +

@@ -296,12 +296,13 @@ class DeviceCache {
   bool grows_expandable(const MemoryPool& pool) const {
     return expandable_page_bytes_ != 0 && &pool == &default_pool_;
   }
-  // Grows the segment of (stream, kind) at its end by whole pages, or starts one, so that a free block
-  // of at least `size` bytes that `stream` may take is in the free lists; returns it, or nullptr when
-  // the memory cap or the device refuses (nothing stays mapped for it then).
+  // Grows the segment of (stream, kind) at its end by whole pages, mapped in pieces of up to 20 MiB
+  // (large) or one page (small), or starts one, so that a free block of at least `size` bytes that
+  // `stream` may take is in the free lists; returns it, or nullptr when the memory cap or the device
+  // refuses (nothing stays mapped for it then).
   Block* grow_expandable(PoolKind kind, std::size_t size, Stream stream);
-  // Unmaps the whole pages inside the free blocks of an expandable segment; releases the segment when
-  // none stays mapped. Returns the bytes given back.
+  // Unmaps the whole pieces (physical allocations) inside the free blocks of an expandable segment;
+  // releases the segment when none stays mapped. Returns the bytes given back.
   std::size_t trim_expandable(Segment* segment);
   std::size_t release_expandable(Segment* segment);  // its one block is free and settled
   void refresh_split(Block* block);                  // after a neighbour of it came or went

@@ -1,10 +1,11 @@
 // DeviceCache: expandable segments (docs/design.md, "Expandable segments"), PyTorch's
 // expandable_segments:True made stream-aware. With the option on, the default pool's memory comes from
 // one segment per (stream, size class): a reserved address range whose blocks cover exactly its mapped
-// pages. When no cached block serves an allocation, the stream's segment grows after its last block by
-// whole pages: that block grows when the stream may take it, else the new pages are a block of their
-// own. Blocks inside split, merge, settle and go pending exactly as in fixed segments. The whole pages
-// inside free blocks are unmapped by empty_cache(), the memory cap and the OOM path
+// pieces. When no cached block serves an allocation, the stream's segment grows after its last block by
+// whole pages, mapped in pieces (physical allocations) of up to 20 MiB in the large class and of one
+// page in the small one: that block grows when the stream may take it, else the new pages are a block
+// of their own. Blocks inside split, merge, settle and go pending exactly as in fixed segments. The
+// whole pieces inside free blocks are unmapped by empty_cache(), the memory cap and the OOM path
 // (release_free_segments), and a segment with nothing left mapped gives its range back.
 #include <algorithm>
 #include <atomic>
@@ -20,6 +21,15 @@ namespace streamalloc {
 namespace {
 
 std::size_t round_up(std::size_t bytes, std::size_t page) { return (bytes + page - 1) / page * page; }
+
+// The most one physical allocation of a growth maps (docs/design.md, "Expandable segments"): in the
+// large class 20 MiB, as PyTorch's large-pool handles (kLargeBuffer), so that a growth costs one
+// create and map per 20 MiB instead of one per page; in the small class one page, as PyTorch's 2 MiB
+// handles. A piece goes back only whole, so larger pieces would keep more free memory mapped.
+constexpr std::size_t kLargePieceBytes = 20 * MiB;
+std::size_t piece_bytes(PoolKind kind, std::size_t page) {
+  return kind == PoolKind::kLarge ? round_up(kLargePieceBytes, page) : page;
+}
 
 }  // namespace
 
@@ -54,7 +64,7 @@ Block* DeviceCache::grow_expandable(PoolKind kind, std::size_t size, Stream stre
     const std::size_t bytes = round_up(extend ? size - tail->size : size, page);
     if (segment->span() + bytes <= segment->address_range) {
       if (segments_.reserved_bytes() + bytes > memory_cap()) return nullptr;
-      Block* added = segments_.grow(segment, bytes);
+      Block* added = segments_.grow(segment, bytes, piece_bytes(kind, page));
       if (added == nullptr) return nullptr;
       if (trace_ != nullptr) {
         trace_events::segment_pages(*trace_, TraceAction::kSegmentMap, device_, *segment, added->address, bytes);
@@ -82,7 +92,8 @@ Block* DeviceCache::grow_expandable(PoolKind kind, std::size_t size, Stream stre
   const std::size_t share = kind == PoolKind::kLarge ? device_total_.load() : device_total_.load() / 8;
   const std::size_t range = std::max(bytes, round_up(share, page));
   SegmentSource::Refusal why = SegmentSource::Refusal::kNone;
-  Segment* segment = segments_.reserve_expandable(kind, &default_pool_, range, bytes, stream, &why);
+  Segment* segment =
+      segments_.reserve_expandable(kind, &default_pool_, range, bytes, piece_bytes(kind, page), stream, &why);
   if (segment == nullptr) {
     // Without address space the memory may still be there: a fixed segment, as without the option.
     return why == SegmentSource::Refusal::kNoAddressSpace ? reserve_fixed_segment(default_pool_, kind, size, stream)
@@ -103,15 +114,16 @@ Block* DeviceCache::grow_expandable(PoolKind kind, std::size_t size, Stream stre
 
 // Unmapping synchronizes the device (the backend's contract), so the caller does it outside captures,
 // for all segments at once (release_free_segments). Only free blocks that no stream can touch
-// (settled, in the free lists) give pages back: pending, parked and held blocks keep theirs. A backend
-// error changes nothing.
+// (settled, in the free lists) give memory back, and only the pieces that lie entirely inside one:
+// a piece goes back whole or not at all (never split: docs/design.md, "Expandable segments"), so a
+// piece that holds part of a live, pending, parked or held block stays mapped. Settled free neighbours
+// always merge, so no piece lies across two free blocks that could both go. A backend error changes
+// nothing.
 std::size_t DeviceCache::trim_expandable(Segment* segment) {
-  const std::size_t page = expandable_page_bytes_;
   auto unmappable = [](const Block* b) {
     return !b->in_shard && b->state == BlockState::kFree && b->settled && !b->held;
   };
-  // The whole pages inside each free block. Gathered first: unmapping splits and deletes blocks, but
-  // only the one it unmaps from.
+  // Gathered first: unmapping splits and deletes blocks, but only the one it unmaps from.
   std::vector<Block*> candidates;
   for (Block* b = segment->head; b != nullptr; b = b->next) {
     if (unmappable(b)) candidates.push_back(b);
@@ -119,35 +131,33 @@ std::size_t DeviceCache::trim_expandable(Segment* segment) {
   const PoolKind kind = segment->pool;
   std::size_t released = 0;
   for (Block* block : candidates) {
-    if (block->prev == nullptr && block->next == nullptr) {  // all that is left (whole pages): the segment goes
+    if (block->prev == nullptr && block->next == nullptr) {  // all that is left (every piece): the segment goes
       released += release_expandable(segment);
       break;
     }
-    const std::uintptr_t base = segment->address;
-    const std::uintptr_t first = base + round_up(block->address - base, page);
-    const std::uintptr_t last = base + (block->address + block->size - base) / page * page;
-    if (first >= last) continue;
+    const SegmentPieces::Run run = segment->pieces.whole_inside(block->address, block->address + block->size);
+    if (run.bytes == 0) continue;
     Block* before = block->prev;
     Block* after = block->next;
     remove_free(block);
-    SegmentSource::Pieces pieces;
+    SegmentSource::Remains remains;
     try {
-      pieces = segments_.unmap(segment, block, first, last - first);
+      remains = segments_.unmap(segment, block, run);
     } catch (...) {  // a backend error: nothing was unmapped
       insert_free(block);
       throw;
     }
     ++stats_.num_device_free;
-    stat_decrease(&DeviceStats::reserved_bytes, kind, static_cast<std::int64_t>(last - first));
+    stat_decrease(&DeviceStats::reserved_bytes, kind, static_cast<std::int64_t>(run.bytes));
     if (trace_ != nullptr) {
-      trace_events::segment_pages(*trace_, TraceAction::kSegmentUnmap, device_, *segment, first, last - first);
+      trace_events::segment_pages(*trace_, TraceAction::kSegmentUnmap, device_, *segment, run.address, run.bytes);
     }
-    released += last - first;
-    if (pieces.before != nullptr) insert_free(pieces.before);
-    if (pieces.after != nullptr) insert_free(pieces.after);
-    if (pieces.before == nullptr) {  // the block went: its neighbours may be alone now
+    released += run.bytes;
+    if (remains.before != nullptr) insert_free(remains.before);
+    if (remains.after != nullptr) insert_free(remains.after);
+    if (remains.before == nullptr) {  // the block went: its neighbours may be alone now
       if (before != nullptr) refresh_split(before);
-      if (after != nullptr && after != pieces.after) refresh_split(after);
+      if (after != nullptr && after != remains.after) refresh_split(after);
     }
   }
   return released;
@@ -200,13 +210,40 @@ void DeviceCache::validate_expandable(const Segment* segment) const {
   auto broken = [this](const std::string& what) {
     throw std::logic_error("streamalloc invariant broken on device " + std::to_string(device_) + ": " + what);
   };
-  if (!segment->expandable()) return;
+  if (!segment->expandable()) {
+    if (!segment->pieces.empty()) broken("a fixed segment records mapped pieces");
+    return;
+  }
   if (page == 0 || segment->owner != &default_pool_) broken("an expandable segment outside the default pool");
   if (segment->address % page != 0 || segment->size == 0 || segment->size % page != 0 ||
       segment->address_range % page != 0 || segment->span() > segment->address_range ||
       (segment->head->address - segment->address) % page != 0 || segment->span() % page != 0) {
     broken("an expandable segment's blocks do not cover whole pages of its range");
   }
+  // The pieces tile exactly each run of blocks side by side, and nothing else; each is whole pages, at
+  // most a growth's piece size.
+  std::vector<SegmentPieces::Run> pieces;
+  pieces.reserve(segment->pieces.count());
+  segment->pieces.for_each([&](std::uintptr_t address, std::size_t bytes) { pieces.push_back({address, bytes}); });
+  const std::size_t largest = piece_bytes(segment->pool, page);
+  const std::string where = "expandable segment " + std::to_string(segment->address);
+  std::size_t next = 0;
+  for (const Block* b = segment->head; b != nullptr;) {
+    const std::uintptr_t start = b->address;
+    std::uintptr_t end = b->address + b->size;
+    for (b = b->next; b != nullptr && b->address == end; b = b->next) end += b->size;
+    for (std::uintptr_t at = start; at != end; at += pieces[next++].bytes) {
+      if (next == pieces.size() || pieces[next].address != at || pieces[next].bytes > end - at) {
+        broken("the mapped pieces of " + where + " do not tile its blocks at offset " +
+               std::to_string(at - segment->address));
+      }
+      if (pieces[next].bytes == 0 || pieces[next].bytes % page != 0 || pieces[next].bytes > largest) {
+        broken("a mapped piece of " + where + " has " + std::to_string(pieces[next].bytes) + " bytes");
+      }
+    }
+  }
+  if (next != pieces.size()) broken("a mapped piece of " + where + " lies outside its blocks");
+  if (segment->pieces.bytes() != segment->size) broken("the mapped pieces of " + where + " do not sum to its size");
 }
 
 }  // namespace streamalloc

@@ -1,5 +1,8 @@
 #include "segment_source.hpp"
 
+#include <algorithm>
+#include <utility>
+
 #include "logging.hpp"
 
 namespace streamalloc {
@@ -44,16 +47,50 @@ Segment* SegmentSource::reserve(PoolKind pool, MemoryPool* owner, std::size_t by
   return add(reinterpret_cast<std::uintptr_t>(memory), bytes, pool, owner, stream);
 }
 
+bool SegmentSource::map_pieces(std::uintptr_t at, std::size_t bytes, std::size_t piece_bytes,
+                               SegmentPieces* pieces) {
+  std::size_t mapped = 0;
+  // Takes back what this call mapped. Fresh memory no work has used: no device sync, so this works
+  // while a stream captures, as the maps themselves do.
+  auto undo = [&] {
+    if (mapped > 0) backend_.unmap_unused_pages(device_, reinterpret_cast<void*>(at), mapped);
+  };
+  try {
+    while (mapped < bytes) {
+      const std::size_t piece = std::min(piece_bytes, bytes - mapped);
+      if (!backend_.map_pages(device_, reinterpret_cast<void*>(at + mapped), piece)) {
+        undo();
+        return false;
+      }
+      mapped += piece;
+    }
+  } catch (...) {
+    try {
+      undo();
+    } catch (const Error& e) {  // keep the first error; the memory stays mapped, unaccounted
+      log().warn("device {}: {} bytes of a failed growth stay mapped: {}", device_, mapped, without_prefix(e.what()));
+    }
+    throw;
+  }
+  for (std::size_t offset = 0; offset < bytes; offset += piece_bytes) {
+    pieces->add(at + offset, std::min(piece_bytes, bytes - offset));
+  }
+  return true;
+}
+
 Segment* SegmentSource::reserve_expandable(PoolKind pool, MemoryPool* owner, std::size_t range_bytes,
-                                           std::size_t bytes, Stream stream, Refusal* why) {
+                                           std::size_t bytes, std::size_t piece_bytes, Stream stream,
+                                           Refusal* why) {
   void* range = backend_.reserve_address_range(device_, range_bytes);
   if (range == nullptr) {
     *why = Refusal::kNoAddressSpace;
     return nullptr;
   }
+  const auto base = reinterpret_cast<std::uintptr_t>(range);
+  SegmentPieces pieces;
   bool mapped = false;
   try {
-    mapped = backend_.map_pages(device_, range, bytes);
+    mapped = map_pieces(base, bytes, piece_bytes, &pieces);
   } catch (...) {
     backend_.release_address_range(device_, range, range_bytes);
     throw;
@@ -64,14 +101,15 @@ Segment* SegmentSource::reserve_expandable(PoolKind pool, MemoryPool* owner, std
     return nullptr;
   }
   *why = Refusal::kNone;
-  Segment* segment = add(reinterpret_cast<std::uintptr_t>(range), bytes, pool, owner, stream);
+  Segment* segment = add(base, bytes, pool, owner, stream);
   segment->address_range = range_bytes;
+  segment->pieces = std::move(pieces);
   return segment;
 }
 
-Block* SegmentSource::grow(Segment* segment, std::size_t bytes) {
+Block* SegmentSource::grow(Segment* segment, std::size_t bytes, std::size_t piece_bytes) {
   const std::uintptr_t end = segment->address + segment->span();
-  if (!backend_.map_pages(device_, reinterpret_cast<void*>(end), bytes)) return nullptr;
+  if (!map_pieces(end, bytes, piece_bytes, &segment->pieces)) return nullptr;
   auto* block = new Block;
   block->address = end;
   block->size = bytes;
@@ -88,21 +126,22 @@ Block* SegmentSource::grow(Segment* segment, std::size_t bytes) {
   return block;
 }
 
-SegmentSource::Pieces SegmentSource::unmap(Segment* segment, Block* block, std::uintptr_t at, std::size_t bytes) {
-  backend_.unmap_pages(device_, reinterpret_cast<void*>(at), bytes);
-  segment->size -= bytes;
-  reserved_ -= bytes;
-  Pieces pieces;
+SegmentSource::Remains SegmentSource::unmap(Segment* segment, Block* block, SegmentPieces::Run run) {
+  backend_.unmap_pages(device_, reinterpret_cast<void*>(run.address), run.bytes);
+  segment->pieces.remove(run);
+  segment->size -= run.bytes;
+  reserved_ -= run.bytes;
+  Remains remains;
   const std::uintptr_t end = block->address + block->size;
-  if (at + bytes < end) {
-    pieces.after = split_block(block, at + bytes - block->address);  // the same state, linked after
+  if (run.address + run.bytes < end) {
+    remains.after = split_block(block, run.address + run.bytes - block->address);  // the same state, linked after
   }
-  if (at > block->address) {
-    block->size = at - block->address;
-    pieces.before = block;
-    return pieces;
+  if (run.address > block->address) {
+    block->size = run.address - block->address;
+    remains.before = block;
+    return remains;
   }
-  // Nothing stays before the pages: the block goes.
+  // Nothing stays before the run: the block goes.
   if (block->prev != nullptr) {
     block->prev->next = block->next;
   } else {
@@ -114,13 +153,15 @@ SegmentSource::Pieces SegmentSource::unmap(Segment* segment, Block* block, std::
     segment->tail = block->prev;
   }
   delete block;
-  return pieces;
+  return remains;
 }
 
 void SegmentSource::release(Segment* segment) {
   const auto base = reinterpret_cast<void*>(segment->address);
   if (segment->expandable()) {
+    // Its one block covers every piece, side by side: one call unmaps them all.
     backend_.unmap_pages(device_, reinterpret_cast<void*>(segment->head->address), segment->size);
+    segment->pieces.remove({segment->head->address, segment->size});
     // The memory is back now; a range that cannot be released costs addresses only, so the segment
     // goes regardless (keeping it would claim pages that are no longer mapped).
     try {

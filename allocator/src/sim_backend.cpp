@@ -17,10 +17,10 @@
 // the front of a stream refers to a record enqueued before it, so the recursion over the wait graph
 // always reaches streams with runnable fronts and terminates.
 //
-// Virtual memory: each device keeps an AddressRanges (the ranges and their mapped pages) over real host
+// Virtual memory: each device keeps an AddressRanges (the ranges and their mappings) over real host
 // address space: a range is an inaccessible anonymous mapping reserved with MAP_NORESERVE, mapping
-// pages makes them readable and writable (the host commits them on first touch), and unmapping maps
-// fresh inaccessible pages over them, which drops their memory. Host memory is only a stand-in; the
+// makes pages readable and writable (the host commits them on first touch), and unmapping maps fresh
+// inaccessible pages over them, which drops their memory. Host memory is only a stand-in; the
 // device limit is what decides whether a map fits.
 #include "streamalloc/sim_backend.hpp"
 
@@ -142,6 +142,18 @@ void drop_host_pages(void* at, std::size_t bytes, const std::string& call) {
   if (mmap(at, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED) {
     throw Error(ErrorCode::kBackend, call + ": the host could not unmap the pages (errno " + std::to_string(errno) + ")");
   }
+}
+
+// Unmaps the whole mappings [at, at + bytes) (check_unmap passed): drops their host pages and forgets
+// them. Returns how many there were.
+std::size_t unmap_mappings(DeviceState& dev, std::uintptr_t at, std::size_t bytes, const std::string& call) {
+  drop_host_pages(reinterpret_cast<void*>(at), bytes, call);
+  std::vector<std::uintptr_t> unmapped;
+  dev.ranges.for_each_mapping_in(at, bytes, [&](std::uintptr_t mapping, std::size_t, AddressRanges::Handle) {
+    unmapped.push_back(mapping);
+  });
+  for (std::uintptr_t mapping : unmapped) dev.ranges.remove_mapping(mapping);
+  return unmapped.size();
 }
 
 }  // namespace
@@ -593,10 +605,8 @@ bool SimBackend::map_pages(int device, void* at, std::size_t bytes) {
     ++state_->counters.map_refusals;
     return false;
   }
-  for (std::size_t offset = 0; offset < bytes; offset += dev.ranges.page_bytes()) {
-    dev.ranges.add_page(address + offset, 0);
-  }
-  ++state_->counters.page_maps;
+  dev.ranges.add_mapping(address, bytes, 0);
+  ++state_->counters.physical_allocations_created;
   return true;
 }
 
@@ -608,14 +618,23 @@ void SimBackend::unmap_pages(int device, void* at, std::size_t bytes) {
   const std::string call = vm_call("unmap_pages", device, at, bytes);
   const auto address = reinterpret_cast<std::uintptr_t>(at);
   dev.ranges.check_unmap(address, bytes, call);
-  // As the CUDA backend does before cuMemUnmap: work queued for these pages runs before they go.
+  // As the CUDA backend does before cuMemUnmap: work queued for this memory runs before it goes.
   state_->finish_all(lock, device);
-  dev.ranges.check_unmap(address, bytes, call);  // again: another thread may have unmapped them meanwhile
-  drop_host_pages(at, bytes, call);
-  for (std::size_t offset = 0; offset < bytes; offset += dev.ranges.page_bytes()) {
-    dev.ranges.remove_page(address + offset);
-  }
+  dev.ranges.check_unmap(address, bytes, call);  // again: another thread may have unmapped it meanwhile
+  state_->counters.physical_allocations_released += unmap_mappings(dev, address, bytes, call);
   ++state_->counters.page_unmaps;
+}
+
+void SimBackend::unmap_unused_pages(int device, void* at, std::size_t bytes) {
+  State::Lock lock(state_->mutex);
+  DeviceState& dev = state_->device(device, "unmap_unused_pages");
+  if (!state_->config.virtual_memory) unsupported("unmap_unused_pages", device);
+  const std::string call = vm_call("unmap_unused_pages", device, at, bytes);
+  const auto address = reinterpret_cast<std::uintptr_t>(at);
+  dev.ranges.check_unmap(address, bytes, call);
+  // Nothing to wait for: no work has used this memory.
+  state_->counters.physical_allocations_released += unmap_mappings(dev, address, bytes, call);
+  ++state_->counters.unused_page_unmaps;
 }
 
 void SimBackend::release_address_range(int device, void* base, std::size_t bytes) {
@@ -687,6 +706,11 @@ std::size_t SimBackend::reserved_bytes(int device) const {
 std::size_t SimBackend::mapped_bytes(int device) const {
   State::Lock lock(state_->mutex);
   return state_->device(device, "mapped_bytes").ranges.mapped_bytes();
+}
+
+std::size_t SimBackend::mappings(int device) const {
+  State::Lock lock(state_->mutex);
+  return state_->device(device, "mappings").ranges.mapping_count();
 }
 
 bool SimBackend::accessible(int device, const void* ptr, std::size_t bytes) const {

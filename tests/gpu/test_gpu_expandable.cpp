@@ -1,10 +1,12 @@
 // Expandable segments on a real device (docs/design.md, "Expandable segments"): blocks carved from a
-// segment that grew by mapped pages hold what kernels write into them, the segment grows in place,
-// memory_info follows the mapped bytes as the segment grows and as empty_cache() unmaps its free end,
-// and a block freed while another stream still works on it is neither reused nor unmapped early.
+// segment that grew by mapped pieces hold what kernels write into them, the segment grows in place,
+// memory_info follows the mapped bytes as the segment grows (a 100 MiB growth: exactly) and as
+// empty_cache() unmaps its free end, and a block freed while another stream still works on it is
+// neither reused nor unmapped early.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <vector>
 
@@ -93,6 +95,27 @@ TEST_F(GpuExpandable, MemoryInfoFollowsTheMappedBytes) {
   EXPECT_EQ(reserved(), 0);
   EXPECT_TRUE(al().segments(0).empty());
   EXPECT_LE(before > free_bytes() ? before - free_bytes() : 0, kSlack) << "every page went back";
+}
+
+// A growth of 100 MiB maps five 20 MiB pieces: the device's free memory falls by exactly the mapped
+// bytes (no page-sized overhead per piece), kernels see one run across the joins, and empty_cache()
+// gives every byte back.
+TEST_F(GpuExpandable, GrowthOf100MiBCostsExactlyTheMappedBytes) {
+  TestStream stream;
+  // The kernels load lazily, into device memory: load them before measuring, outside the allocator.
+  DeviceArray<std::uint32_t> warm_up(1024);
+  write_and_check(warm_up.data(), 1024, 1, stream);
+  const std::size_t before = free_bytes();
+  void* p = al().allocate(100 * MiB, 0, stream.id());
+  EXPECT_EQ(reserved(), static_cast<std::int64_t>(100 * MiB));
+  const std::size_t grown = free_bytes();
+  std::printf("[ streamalloc ] a 100 MiB growth: free fell by %zu bytes\n", before - grown);
+  EXPECT_EQ(before - grown, 100 * MiB) << "free memory fell by other than the mapped bytes";
+  write_and_check(p, 100 * MiB / 4, 5, stream);
+  al().deallocate(p, 0, 0, stream.id());
+  al().empty_cache();
+  EXPECT_EQ(reserved(), 0);
+  EXPECT_EQ(free_bytes(), before) << "free memory did not come back to what it was";
 }
 
 TEST_F(GpuExpandable, BlockInUseOnAnotherStreamIsNeitherReusedNorUnmappedEarly) {

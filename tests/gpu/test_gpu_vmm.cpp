@@ -1,9 +1,10 @@
-// Virtual memory on a real device: the CUDA backend's address ranges and pages (cuMemAddressReserve,
+// Virtual memory on a real device: the CUDA backend's address ranges and mappings (cuMemAddressReserve,
 // cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease, cuMemAddressFree) against the
-// Backend contract the simulated device models (tests/test_sim_vmm.cpp): mapped memory is usable,
-// memory_info drops by the mapped bytes and comes back on unmap, a map beyond the free memory returns
-// false and leaks nothing, misuse is a clear error, mapping works during a graph capture and unmapping
-// does not. Kernel-free: the memory is checked with cudaMemset and cudaMemcpy.
+// Backend contract the simulated device models (tests/test_sim_vmm.cpp): one physical allocation per
+// map, unmapped only whole, mapped memory is usable, memory_info drops by the mapped bytes and comes
+// back on unmap, a map beyond the free memory returns false and leaks nothing, misuse (cutting a
+// mapping included) is a clear error, mapping and unmap_unused_pages work during a graph capture and
+// unmap_pages does not. Kernel-free: the memory is checked with cudaMemset and cudaMemcpy.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -64,12 +65,12 @@ TEST_F(GpuVmm, GranularityIsAPowerOfTwo) {
   EXPECT_EQ(page() & (page() - 1), 0u) << page();
 }
 
-TEST_F(GpuVmm, MappedPagesAreUsableAndUnmapPageByPage) {
+TEST_F(GpuVmm, MappingsAreUsableAndUnmapWhole) {
   const std::size_t range_bytes = 16 * page();
   void* base = backend().reserve_address_range(0, range_bytes);
   ASSERT_NE(base, nullptr);
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(base) % page(), 0u);
-  // Two maps side by side form one usable run.
+  // Two maps side by side (two physical allocations) form one usable run.
   ASSERT_TRUE(backend().map_pages(0, at(base, page()), 2 * page()));
   ASSERT_TRUE(backend().map_pages(0, at(base, 3 * page()), page()));
   cudaPointerAttributes attributes{};
@@ -78,16 +79,41 @@ TEST_F(GpuVmm, MappedPagesAreUsableAndUnmapPageByPage) {
   EXPECT_EQ(attributes.device, 0);
   EXPECT_TRUE(fill_and_read_back(at(base, page()), 3 * page(), 0xAB));
 
-  // Unmapping the middle page, which one map created with its neighbour, leaves both sides usable.
-  backend().unmap_pages(0, at(base, 2 * page()), page());
-  EXPECT_TRUE(fill_and_read_back(at(base, page()), page(), 0x11));
-  EXPECT_TRUE(fill_and_read_back(at(base, 3 * page()), page(), 0x22));
-  ASSERT_TRUE(backend().map_pages(0, at(base, 2 * page()), page())) << "an unmapped page maps again";
+  // Part of the first mapping cannot go: refused before any driver call, and both stay usable.
+  expect_backend_error([&] { backend().unmap_pages(0, at(base, 2 * page()), page()); }, "cut the mapping at");
+  expect_backend_error([&] { backend().unmap_pages(0, at(base, 2 * page()), 2 * page()); }, "cut the mapping at");
+  EXPECT_TRUE(fill_and_read_back(at(base, page()), 3 * page(), 0x11));
+  // The second mapping, whole: the first stays usable.
+  backend().unmap_pages(0, at(base, 3 * page()), page());
+  EXPECT_TRUE(fill_and_read_back(at(base, page()), 2 * page(), 0x22));
+  ASSERT_TRUE(backend().map_pages(0, at(base, 3 * page()), page())) << "an unmapped page maps again";
   EXPECT_TRUE(fill_and_read_back(at(base, page()), 3 * page(), 0x33));
 
-  backend().unmap_pages(0, at(base, page()), 3 * page());
+  backend().unmap_pages(0, at(base, page()), 3 * page());  // both mappings in one call
   backend().release_address_range(0, base, range_bytes);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// 100 MiB mapped as five 20 MiB allocations (what a large growth of the cache does): usable across the
+// joins, memory_info falls by the mapped bytes, and any whole ones of them unmap in one call.
+TEST_F(GpuVmm, PiecesOfTwentyMiBSideBySide) {
+  const std::size_t piece = (20 * MiB + page() - 1) / page() * page();
+  void* base = backend().reserve_address_range(0, 5 * piece);
+  ASSERT_NE(base, nullptr);
+  const std::size_t before = free_bytes();
+  for (std::size_t i = 0; i < 5; ++i) ASSERT_TRUE(backend().map_pages(0, at(base, i * piece), piece));
+  const std::size_t mapped = free_bytes();
+  std::printf("[ streamalloc ] 5 maps of %zu bytes: free fell by %zu bytes\n", piece, before - mapped);
+  EXPECT_GE(before - mapped, 5 * piece);
+  EXPECT_LE(before - mapped, 5 * piece + kSlack);
+  EXPECT_TRUE(fill_and_read_back(base, 5 * piece, 0x6E));
+  backend().unmap_pages(0, at(base, piece), 3 * piece);  // the middle three
+  EXPECT_TRUE(fill_and_read_back(base, piece, 0x1F));
+  EXPECT_TRUE(fill_and_read_back(at(base, 4 * piece), piece, 0x2F));
+  backend().unmap_pages(0, base, piece);
+  backend().unmap_pages(0, at(base, 4 * piece), piece);
+  EXPECT_GE(free_bytes() + kSlack, before) << "unmapping gave the memory back";
+  backend().release_address_range(0, base, 5 * piece);
 }
 
 TEST_F(GpuVmm, MemoryInfoDropsByTheMappedBytesAndUnmapGivesThemBack) {
@@ -108,8 +134,8 @@ TEST_F(GpuVmm, MemoryInfoDropsByTheMappedBytesAndUnmapGivesThemBack) {
 }
 
 TEST_F(GpuVmm, MapBeyondTheFreeMemoryReturnsFalseAndLeaksNothing) {
-  // Leave about 512 MiB free, then ask for 2 GiB: the first pages are created before the device runs
-  // out, and must be given back.
+  // Leave about 512 MiB free, then ask for 2 GiB in one physical allocation: it cannot be created,
+  // and nothing of it may stay behind.
   const std::size_t free_at_start = free_bytes();
   ASSERT_GT(free_at_start, 2 * GiB);
   const std::size_t hog_bytes = free_at_start - 512 * MiB;
@@ -124,8 +150,8 @@ TEST_F(GpuVmm, MapBeyondTheFreeMemoryReturnsFalseAndLeaksNothing) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   const std::size_t after = free_bytes();
   EXPECT_GE(after + page(), before) << "the failed map kept " << format_bytes(before - after);
-  // None of its pages stayed mapped (map_pages would call them "already mapped"), and the memory it
-  // gave back can be mapped.
+  // Nothing of it stayed mapped (map_pages would call it "already mapped"), and the memory is there to
+  // be mapped.
   ASSERT_TRUE(backend().map_pages(0, base, 128 * MiB));
   EXPECT_TRUE(fill_and_read_back(base, 128 * MiB, 0x77));
   backend().unmap_pages(0, base, 128 * MiB);
@@ -153,6 +179,11 @@ TEST_F(GpuVmm, MisuseIsAClearErrorAndTheRuntimeStaysUsable) {
   expect_backend_error([&] { backend().map_pages(0, at(base, 7 * page()), 2 * page()); }, "not inside one range");
   expect_backend_error([&] { backend().map_pages(0, base, page()); }, "already mapped");
   expect_backend_error([&] { backend().unmap_pages(0, at(base, page()), page()); }, "is not mapped");
+  ASSERT_TRUE(backend().map_pages(0, at(base, 2 * page()), 2 * page()));
+  expect_backend_error([&] { backend().unmap_pages(0, at(base, 3 * page()), page()); }, "cut the mapping at");
+  expect_backend_error([&] { backend().unmap_unused_pages(0, at(base, 2 * page()), page()); }, "cut the mapping at");
+  EXPECT_TRUE(fill_and_read_back(at(base, 2 * page()), 2 * page(), 0x43)) << "the refused unmaps left it mapped";
+  backend().unmap_pages(0, at(base, 2 * page()), 2 * page());
   expect_backend_error([&] { backend().release_address_range(0, base, 8 * page()); }, "still mapped");
   expect_backend_error([&] { backend().release_address_range(0, base, 4 * page()); }, "pass the reserved size");
   expect_backend_error([&] { backend().map_pages(backend().device_count(), base, page()); }, "does not exist");
@@ -174,6 +205,10 @@ TEST_F(GpuVmm, ReservingAndMappingDuringAGlobalCaptureKeepTheCaptureValid) {
     mapped = base != nullptr && backend().map_pages(0, base, page());
     if (mapped) GPU_CHECK(cudaMemsetAsync(base, 0x3C, page(), capture));  // a node of the graph
     empty = backend().reserve_address_range(0, 4 * page());
+    // A growth that mapped part of what it needed takes it back during the capture: no device sync.
+    if (empty != nullptr && backend().map_pages(0, empty, 2 * page())) {
+      backend().unmap_unused_pages(0, empty, 2 * page());
+    }
     if (empty != nullptr) backend().release_address_range(0, empty, 4 * page());
   } catch (const std::exception& e) {
     failure = e.what();

@@ -60,23 +60,25 @@ class Backend {
   // Fill `bytes` at `ptr` with `value` in stream order on `stream` (used for poisoning).
   virtual void memset_async(int device, void* ptr, int value, std::size_t bytes, Stream stream) = 0;
 
-  // Free and total memory of the device; memory from reserve() and pages from map_pages() both count.
+  // Free and total memory of the device; memory from reserve() and from map_pages() both count.
   virtual DeviceMemoryInfo memory_info(int device) = 0;
   // The device `stream` belongs to, or -1 when the backend cannot tell (e.g. the legacy default
   // stream, which belongs to whichever device is current, or a stream capturing a graph, which CUDA
   // will not be asked about without invalidating the capture).
   virtual int stream_device(Stream stream) = 0;
 
-  // ---- Virtual memory: address ranges with physical pages mapped into them ----
+  // ---- Virtual memory: address ranges with physical memory mapped into them ----
   // The groundwork of segments that grow in place (PyTorch's expandable segments). A range of device
-  // addresses is reserved with no memory behind it; memory is then mapped into it, and unmapped from
-  // it, in pages of vm_granularity() bytes. Each page is its own physical allocation, so any whole pages
-  // of a mapping can be unmapped later, whatever map_pages() calls mapped them. Misuse (a size or
-  // address that is not whole pages, pages outside a reserved range, mapping a mapped page, unmapping
-  // an unmapped one, releasing a range with pages still mapped) throws Error(kBackend) and changes
-  // nothing. docs/design.md, "Virtual memory seam", says what the calls are for.
+  // addresses is reserved with no memory behind it; physical memory is then mapped into it and unmapped
+  // from it. Each map_pages() call creates ONE physical allocation (a mapping), of any whole number of
+  // pages of vm_granularity() bytes, and a mapping is only ever unmapped whole: the driver cannot give
+  // back part of a physical allocation, and one allocation per call keeps a growth's cost per call, not
+  // per page. Misuse (a size or address that is not whole pages, pages outside a reserved range, mapping
+  // over a mapping, unmapping bytes that are not exactly whole mappings, releasing a range with anything
+  // still mapped) throws Error(kBackend) and changes nothing. docs/design.md, "Virtual memory seam", says
+  // what the calls are for.
 
-  // True when `device` can reserve address ranges and map pages into them. The other calls below
+  // True when `device` can reserve address ranges and map memory into them. The other calls below
   // throw Error(kBackend) on a device where this is false.
   virtual bool supports_virtual_memory(int device) {
     (void)device;
@@ -93,24 +95,35 @@ class Backend {
     (void)bytes;
     unsupported("reserve_address_range", device);
   }
-  // Create `bytes` of physical memory on `device`, map it at `at` (whole unmapped pages inside one
-  // reserved range) and give the device read/write access to it. Its contents are undefined. Returns
-  // false, with nothing created or mapped, when the device has not enough free memory (an expected
-  // outcome, like reserve() returning nullptr). Works while a stream captures a graph.
+  // Create one physical allocation of `bytes` (a positive multiple of the granularity) on `device`, map
+  // it at `at` (unmapped pages inside one reserved range) and give the device read/write access to it:
+  // one mapping, unmapped only whole. Its contents are undefined. Returns false, with nothing created
+  // or mapped, when the device has not enough free memory (an expected outcome, like reserve()
+  // returning nullptr). Works while a stream captures a graph.
   virtual bool map_pages(int device, void* at, std::size_t bytes) {
     (void)at;
     (void)bytes;
     unsupported("map_pages", device);
   }
-  // Unmap the mapped pages [at, at + bytes) and give their memory back to the device. Like release(),
-  // it may synchronize the device first (the CUDA backend does: unmapping does not wait for work still
-  // using the pages), so it is not allowed while a stream of the device captures a graph.
+  // Unmap [at, at + bytes), which must be exactly one or more whole mappings side by side (cutting a
+  // mapping is misuse), and give their memory back to the device. Like release(), it may synchronize
+  // the device first (the CUDA backend does: unmapping does not wait for work still using the memory),
+  // so it is not allowed while a stream of the device captures a graph.
   virtual void unmap_pages(int device, void* at, std::size_t bytes) {
     (void)at;
     (void)bytes;
     unsupported("unmap_pages", device);
   }
-  // Give back a range from reserve_address_range(): its base and size exactly, every page unmapped.
+  // As unmap_pages, for mappings no work has used since map_pages made them (a growth that could map
+  // only part of what it needed takes back what it mapped): nothing to wait for, so it never
+  // synchronizes and works while a stream captures a graph. On memory that work may still touch it is
+  // a use-after-free on a device.
+  virtual void unmap_unused_pages(int device, void* at, std::size_t bytes) {
+    (void)at;
+    (void)bytes;
+    unsupported("unmap_unused_pages", device);
+  }
+  // Give back a range from reserve_address_range(): its base and size exactly, nothing mapped in it.
   virtual void release_address_range(int device, void* base, std::size_t bytes) {
     (void)base;
     (void)bytes;

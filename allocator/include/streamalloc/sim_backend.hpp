@@ -24,14 +24,15 @@
 //   each is also counted as a capture violation. reserve() works (relaxed-mode cudaMalloc).
 // - Virtual memory (Backend's contract) is modelled with host virtual memory: a reserved range is an
 //   inaccessible host mapping (so it never overlaps reserve()'s memory, and a stray host access to it
-//   faults as a device access would), map_pages makes whole pages of it readable and writable, and
-//   unmap_pages drops them again. Mapped pages count against the same device limit as reserve()
-//   (memory_info's free bytes drop as pages map), so map_pages returns false when they do not fit.
-//   Address space per device is bounded too (Config), so reserve_address_range can return nullptr.
-//   memset_async checks that every byte it fills is reserved or mapped memory, and accessible() is the
-//   same check for tests. unmap_pages synchronizes the device and is refused during a capture, as
-//   release is; reserving, mapping and releasing a range work during one, as on CUDA. Mapped pages
-//   read as zero here; on a device their contents are undefined.
+//   faults as a device access would), map_pages makes whole pages of it readable and writable as one
+//   mapping (one physical allocation, counted), and unmap_pages drops whole mappings again. Mapped
+//   memory counts against the same device limit as reserve() (memory_info's free bytes drop as it
+//   maps), so map_pages returns false when it does not fit. Address space per device is bounded too
+//   (Config), so reserve_address_range can return nullptr. memset_async checks that every byte it
+//   fills is reserved or mapped memory, and accessible() is the same check for tests. unmap_pages
+//   synchronizes the device and is refused during a capture, as release is; unmap_unused_pages,
+//   reserving, mapping and releasing a range work during one, as on CUDA. Mapped pages read as zero
+//   here; on a device their contents are undefined.
 //
 // Work functions run on the thread that advances the stream, with no backend lock held; they must
 // not call back into the backend.
@@ -73,9 +74,12 @@ class SimBackend final : public Backend {
     std::uint64_t capture_violations = 0;  // a query or event sync while a stream of the device captures
     std::uint64_t address_range_reserves = 0;  // reserve_address_range calls that returned a range
     std::uint64_t address_range_releases = 0;
-    std::uint64_t page_maps = 0;      // map_pages calls that mapped
-    std::uint64_t map_refusals = 0;   // map_pages calls that returned false (device full, or injected)
-    std::uint64_t page_unmaps = 0;
+    // map_pages calls that mapped: each created one physical allocation (what a growth costs on a device)
+    std::uint64_t physical_allocations_created = 0;
+    std::uint64_t physical_allocations_released = 0;  // mappings unmapped, by either unmap call
+    std::uint64_t map_refusals = 0;        // map_pages calls that returned false (device full, or injected)
+    std::uint64_t page_unmaps = 0;         // unmap_pages calls
+    std::uint64_t unused_page_unmaps = 0;  // unmap_unused_pages calls
   };
 
   SimBackend();
@@ -103,6 +107,7 @@ class SimBackend final : public Backend {
   void* reserve_address_range(int device, std::size_t bytes) override;
   bool map_pages(int device, void* at, std::size_t bytes) override;
   void unmap_pages(int device, void* at, std::size_t bytes) override;
+  void unmap_unused_pages(int device, void* at, std::size_t bytes) override;
   void release_address_range(int device, void* base, std::size_t bytes) override;
 
   // ---- simulation control (tests, demo, replay) ----
@@ -122,7 +127,8 @@ class SimBackend final : public Backend {
   // Change the device memory limit (OOM tests).
   void set_memory_limit(int device, std::size_t bytes);
   std::size_t reserved_bytes(int device) const;  // from reserve()
-  std::size_t mapped_bytes(int device) const;    // pages mapped by map_pages()
+  std::size_t mapped_bytes(int device) const;    // memory mapped by map_pages()
+  std::size_t mappings(int device) const;        // COUNT of physical allocations mapped now
   // True when the device may touch every byte of [ptr, ptr + bytes): they lie inside one reservation
   // from reserve(), or in mapped pages of one reserved address range. An address in a reserved range
   // whose page is not mapped is not accessible (on a device, touching it faults).

@@ -1,0 +1,77 @@
+// SegmentPieces: the physical allocations mapped into an expandable segment's address range, one per
+// Backend::map_pages call, by address (docs/design.md, "Expandable segments"). A piece goes back only
+// whole (the backend cannot give back part of one), so which free bytes can be unmapped depends on
+// where the pieces lie, not on the pages alone. The pieces tile exactly the bytes the segment's blocks
+// cover (DeviceCache::validate_expandable checks it).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+
+namespace streamalloc {
+
+class SegmentPieces {
+ public:
+  // Whole pieces side by side: [address, address + bytes).
+  struct Run {
+    std::uintptr_t address = 0;
+    std::size_t bytes = 0;
+  };
+
+  std::size_t count() const { return pieces_.size(); }  // COUNT
+  std::size_t bytes() const { return bytes_; }          // SUM of their sizes
+  bool empty() const { return pieces_.empty(); }
+
+  // Records a piece just mapped where no piece lies.
+  void add(std::uintptr_t address, std::size_t bytes) {
+    pieces_.emplace(address, bytes);
+    bytes_ += bytes;
+  }
+
+  // The pieces that lie entirely inside [begin, end), which is mapped (no hole in it): they are side by
+  // side. Empty (bytes 0) when no piece does.
+  Run whole_inside(std::uintptr_t begin, std::uintptr_t end) const {
+    Run run;
+    for (auto it = pieces_.lower_bound(begin); it != pieces_.end(); ++it) {
+      const auto [address, bytes] = *it;
+      if (address >= end || bytes > end - address) break;               // past the end, or across it
+      if (run.bytes != 0 && address != run.address + run.bytes) break;  // a hole: stop before it
+      if (run.bytes == 0) run.address = address;
+      run.bytes += bytes;
+    }
+    return run;
+  }
+
+  // Forgets the pieces of `run`, which must be exactly whole pieces side by side (the backend has just
+  // unmapped them); anything else is a broken invariant and changes nothing. Returns how many.
+  std::size_t remove(Run run) {
+    const auto first = pieces_.find(run.address);
+    auto last = first;
+    for (std::uintptr_t at = run.address; at != run.address + run.bytes; ++last) {
+      if (last == pieces_.end() || last->first != at || last->second > run.address + run.bytes - at) {
+        throw std::logic_error("streamalloc invariant broken: " + std::to_string(run.bytes) + " bytes at " +
+                               std::to_string(run.address) + " are not whole pieces of an expandable segment");
+      }
+      at += last->second;
+    }
+    bytes_ -= run.bytes;
+    std::size_t removed = 0;
+    for (auto it = first; it != last; ++removed) it = pieces_.erase(it);
+    return removed;
+  }
+
+  // Calls fn(address, bytes) for every piece, in address order.
+  template <typename Fn>
+  void for_each(Fn fn) const {
+    for (const auto& [address, bytes] : pieces_) fn(address, bytes);
+  }
+
+ private:
+  std::map<std::uintptr_t, std::size_t> pieces_;  // address -> bytes
+  std::size_t bytes_ = 0;
+};
+
+}  // namespace streamalloc
