@@ -325,9 +325,9 @@ class DeviceCache {
   // part of `current`, its headroom, and, when every shard's headroom falls short, the peak.
   void fast_stat_increase(FastStat s, PoolKind pool, std::int64_t amount);
   void fast_stat_decrease(FastStat s, PoolKind pool, std::int64_t amount);
-  // Moves the headroom of every shard (all locked) to the device's; returns the device's headroom of
-  // `s` at pool index `p` after it.
-  std::int64_t gather_headroom(FastStat s, int p);
+  // Moves shards' headroom of `s` at pool index `p` to the device's until it holds `needed` or every
+  // shard (each locked until the call returns) has given all; returns the device's headroom after it.
+  std::int64_t gather_headroom(FastStat s, int p, std::int64_t needed);
   // Device-locked: gives `shard` enough headroom to take `block` from its hot list for `requested`
   // bytes (account_unparked), from the device's headroom, every shard's, or by raising the peak.
   void give_headroom_for_unpark(StreamState& shard, const Block* block, std::size_t requested);

@@ -1,6 +1,8 @@
 // DeviceCache: the stats, copied out and reset, and the device-locked side of the stats the fast path
 // changes too (shard_stats.hpp): their device part, the device's headroom, gathering every shard's
 // headroom, and the peaks.
+#include <algorithm>
+
 #include "device_cache.hpp"
 
 namespace streamalloc {
@@ -34,24 +36,29 @@ DeviceStats DeviceCache::stats_with_shards() const {
   return sum;
 }
 
-std::int64_t DeviceCache::gather_headroom(FastStat s, int p) {
-  lock_all_shards();
+// Shard by shard, each locked until the call returns, only what is missing: the shards not visited
+// keep running their fast paths, and those visited keep what was not needed. Only when every shard has
+// given all it has is the device's current known with nothing moving, and a peak may rise.
+std::int64_t DeviceCache::gather_headroom(FastStat s, int p, std::int64_t needed) {
   std::int64_t& device = headroom_[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
   for (const auto& [stream, state] : streams_) {
-    ShardStat& part = state->stats.stat[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
-    device += part.headroom;
-    part.headroom = 0;
+    if (device >= needed) break;
+    lock_shard(*state);
+    std::int64_t& part = state->stats.stat[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)].headroom;
+    const std::int64_t take = std::min(part, needed - device);
+    device += take;
+    part -= take;
   }
   return device;
 }
 
-// Spends the device's headroom; when it falls short, every shard's; what is still missing raises the
+// Spends the device's headroom; when it falls short, the shards'; what is still missing raises the
 // peak, to exactly the device's current after the increase (every shard is locked then).
 void DeviceCache::fast_stat_increase(FastStat s, PoolKind pool, std::int64_t amount) {
   StatArray& stat = stats_.*kFastStatFields[static_cast<std::size_t>(s)];
   for (const int p : {0, pool_index(pool)}) {
     std::int64_t& headroom = headroom_[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
-    if (headroom < amount && gather_headroom(s, p) < amount) {
+    if (headroom < amount && gather_headroom(s, p, amount) < amount) {
       stat[static_cast<std::size_t>(p)].peak += amount - headroom;
       headroom = amount;
     }
@@ -86,14 +93,17 @@ void DeviceCache::give_headroom_for_unpark(StreamState& shard, const Block* bloc
     for (const int p : {0, pool}) {
       std::int64_t& own = shard.stats.stat[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)].headroom;
       if (own >= amount) continue;
+      const std::int64_t lacking = amount - own;
       std::int64_t& device = headroom_[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
-      if (own + device < amount) gather_headroom(s, p);  // own's too: it is now part of the device's
-      if (own + device < amount) {
-        (stats_.*kFastStatFields[static_cast<std::size_t>(s)])[static_cast<std::size_t>(p)].peak +=
-            amount - own - device;
-        device = amount - own;
+      // The shard keeps its own headroom out of the gathering (it is counted already) by holding it
+      // aside meanwhile.
+      own = 0;
+      const bool enough = device >= lacking || gather_headroom(s, p, lacking) >= lacking;
+      if (!enough) {
+        (stats_.*kFastStatFields[static_cast<std::size_t>(s)])[static_cast<std::size_t>(p)].peak += lacking - device;
+        device = lacking;
       }
-      device -= amount - own;
+      device -= lacking;
       own = amount;
     }
   }
