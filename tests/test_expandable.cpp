@@ -332,18 +332,32 @@ TEST(Expandable, TrimmingUnmapsWholePiecesOnlyAndKeepsAPieceWithALiveBlock) {
   EXPECT_EQ(pages, expected);
 }
 
+// A simulated device (manual mode) behind a FaultBackend that can refuse or fail virtual-memory calls,
+// and an allocator with expandable segments on it.
+struct FaultySetup {
+  explicit FaultySetup(std::size_t memory) {
+    SimBackend::Config config;
+    config.mode = SimBackend::Mode::kManual;
+    config.memory_per_device = memory;
+    sim = std::make_shared<SimBackend>(config);
+    faults = std::make_shared<FaultBackend>(sim);
+    allocator = std::make_unique<Allocator>(Options::parse(std::string(kOn) + ",log_level:off"), faults);
+  }
+  std::shared_ptr<SimBackend> sim;
+  std::shared_ptr<FaultBackend> faults;
+  std::unique_ptr<Allocator> allocator;
+};
+
 // A growth that the device fills part way (some pieces mapped, the next refused) takes back what it
 // mapped before the OOM path runs, and so does one whose next map fails with an error; neither leaves
 // a byte mapped nor a range reserved. While another stream captures a graph the take-back needs no
 // device sync, so the capture is not disturbed.
 TEST(Expandable, OutOfMemoryPartWayThroughAGrowthLeavesNothingMapped) {
   using VmOp = FaultBackend::VmOp;
-  SimBackend::Config config;
-  config.mode = SimBackend::Mode::kManual;
-  config.memory_per_device = 128 * MiB;
-  auto sim = std::make_shared<SimBackend>(config);
-  auto faults = std::make_shared<FaultBackend>(sim);
-  Allocator allocator(Options::parse(std::string(kOn) + ",log_level:off"), faults);
+  FaultySetup setup(128 * MiB);
+  const std::shared_ptr<SimBackend>& sim = setup.sim;
+  const std::shared_ptr<FaultBackend>& faults = setup.faults;
+  Allocator& allocator = *setup.allocator;
   const Stream a = sim->create_stream();
   const Stream b = sim->create_stream();
   const Stream graph = sim->create_stream();
@@ -483,12 +497,10 @@ TEST(Expandable, OutOfMemoryAfterARefusedGrowthLeavesNothingMapped) {
 // stay as they were: nothing mapped for the failed growth, nothing lost by the failed unmap.
 TEST(Expandable, BackendErrorsChangeNothing) {
   using VmOp = FaultBackend::VmOp;
-  SimBackend::Config config;
-  config.mode = SimBackend::Mode::kManual;
-  config.memory_per_device = 256 * MiB;
-  auto sim = std::make_shared<SimBackend>(config);
-  auto faults = std::make_shared<FaultBackend>(sim);
-  Allocator allocator(Options::parse(std::string(kOn) + ",log_level:off"), faults);
+  FaultySetup setup(256 * MiB);
+  const std::shared_ptr<SimBackend>& sim = setup.sim;
+  const std::shared_ptr<FaultBackend>& faults = setup.faults;
+  Allocator& allocator = *setup.allocator;
   const Stream a = sim->create_stream();
   auto consistent = [&] {
     allocator.validate();
