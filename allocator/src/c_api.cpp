@@ -90,13 +90,12 @@ bool to_last_error(F&& body) {
   return false;
 }
 
-Allocator& instance() {
+// The first call of the process: creates the allocator, under the global mutex.
+[[gnu::noinline, gnu::cold]] Allocator& create_instance() {
   Global& g = global();
-  Allocator* a = g.allocator.load(std::memory_order_acquire);
-  if (a != nullptr) return *a;
   std::lock_guard<std::mutex> lock(g.mutex);
-  a = g.allocator.load(std::memory_order_relaxed);
-  if (a != nullptr) return *a;
+  Allocator* a = g.allocator.load(std::memory_order_relaxed);
+  if (a != nullptr) return *a;  // another thread created it meanwhile
   // The C ABI's one read of the environment, at the top of the stack, never by policy code.
   const streamalloc::Options options =
       g.configured ? *g.configured
@@ -105,6 +104,12 @@ Allocator& instance() {
   g.allocator.store(a, std::memory_order_release);
   g.configured.reset();
   return *a;
+}
+
+// Every hook's first step: one load once the allocator exists, the rest out of line.
+Allocator& instance() {
+  Allocator* a = global().allocator.load(std::memory_order_acquire);
+  return a != nullptr ? *a : create_instance();
 }
 
 streamalloc::Stream to_stream(streamalloc_stream_t stream) { return reinterpret_cast<streamalloc::Stream>(stream); }
