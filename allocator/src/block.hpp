@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cache_line_allocator.hpp"
 #include "segment_pieces.hpp"
 #include "streamalloc/types.hpp"
 
@@ -35,7 +36,7 @@ struct MemoryPool;
 
 // Cache-line aligned: the blocks of different streams, which their threads' fast paths write, never
 // share a line (docs/design.md, "Nothing shared is written on the fast path").
-struct alignas(64) Block {
+struct alignas(kCacheLine) Block {
   std::uintptr_t address = 0;
   std::size_t size = 0;
   std::size_t requested = 0;  // caller's size while allocated

@@ -328,6 +328,9 @@ class DeviceCache {
   // Moves shards' headroom of `s` at pool index `p` to the device's until it holds `needed` or every
   // shard (each locked until the call returns) has given all; returns the device's headroom after it.
   std::int64_t gather_headroom(FastStat s, int p, std::int64_t needed);
+  // Takes `amount` of the device's headroom of `s` at pool index `p`: gathered from the shards where it
+  // falls short, and what they lack too raises the peak.
+  void draw_headroom(FastStat s, int p, std::int64_t amount);
   // Device-locked: gives `shard` enough headroom to take `block` from its hot list for `requested`
   // bytes (account_unparked), from the device's headroom, every shard's, or by raising the peak.
   void give_headroom_for_unpark(StreamState& shard, const Block* block, std::size_t requested);
@@ -355,12 +358,12 @@ class DeviceCache {
   // What every stream's fast path reads and nothing writes on it: on cache lines of their own, away
   // from the device lock and the fields device-locked calls write.
   // The fast path's switch (update_fast_path) and its lock-free view of the shards.
-  alignas(64) std::atomic<bool> fast_path_{false};
+  alignas(kCacheLine) std::atomic<bool> fast_path_{false};
   // Cached from the backend on first need; read by the fast path (which leaves a request larger than
   // the device to the device-locked path, which then reports it).
   std::atomic<std::size_t> device_total_{0};
   ShardTable shards_;
-  alignas(64) mutable std::mutex mutex_;  // the device lock
+  alignas(kCacheLine) mutable std::mutex mutex_;  // the device lock
   mutable std::vector<StreamState*> locked_shards_;  // by the device-locked call now running
 #ifndef NDEBUG
   mutable std::thread::id device_lock_owner_;  // written under the device lock

@@ -2,9 +2,10 @@
 // hot list serves, and a free of a block without other uses back to its stream's hot list, take the
 // stream's shard lock alone: the shard is found in a table read without a lock, the block's state
 // changes only between "live in the shard" and "parked in the shard", and the stats they change are
-// the shard's, within the headroom it holds under the device's peaks (shard_stats.hpp). Anything else (a miss, a block with uses, a private pool, a debugging aid, a
-// full hot list, a bad free) returns to the device-locked path, which decides as before; the fast path
-// changes nothing before it knows it can finish.
+// the shard's, within the headroom it holds under the device's peaks (shard_stats.hpp). Anything else
+// (a miss, a block with uses, a private pool, a debugging aid, a full hot list, too little headroom, a
+// bad free) returns to the device-locked path, which decides as before; the fast path changes nothing
+// before it knows it can finish.
 #include "device_cache.hpp"
 #include "size_policy.hpp"
 
@@ -71,9 +72,11 @@ bool DeviceCache::free_to_shard(StreamState& shard, std::uintptr_t address, std:
 // stream's fast path reads. The increases must be covered by the shard's headroom, which the callers
 // checked before changing anything.
 bool DeviceCache::unpark_covered(const StreamState& shard, int pool, std::int64_t size, std::int64_t requested) {
-  const ShardStats& st = shard.stats;
-  return st.covers(kAllocation, pool, 1) && st.covers(kActive, pool, 1) && st.covers(kAllocatedBytes, pool, size) &&
-         st.covers(kActiveBytes, pool, size) && st.covers(kRequestedBytes, pool, requested);
+  bool covered = true;
+  for_each_unpark_raise(size, requested, [&](FastStat s, std::int64_t amount) {
+    covered = covered && shard.stats.covers(s, pool, amount);
+  });
+  return covered;
 }
 
 bool DeviceCache::park_covered(const StreamState& shard, const Block* block) {
@@ -93,11 +96,8 @@ void DeviceCache::account_unparked(StreamState& shard, Block* block, std::size_t
     st.lower(kInactiveSplit, pool, 1);
     st.lower(kInactiveSplitBytes, pool, size);
   }
-  st.raise(kAllocation, pool, 1);
-  st.raise(kAllocatedBytes, pool, size);
-  st.raise(kRequestedBytes, pool, static_cast<std::int64_t>(requested));
-  st.raise(kActive, pool, 1);
-  st.raise(kActiveBytes, pool, size);
+  for_each_unpark_raise(size, static_cast<std::int64_t>(requested),
+                        [&](FastStat s, std::int64_t amount) { st.raise(s, pool, amount); });
 }
 
 // account_freed and account_inactive, plus the inactive split it becomes.

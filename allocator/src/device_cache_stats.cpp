@@ -54,15 +54,19 @@ std::int64_t DeviceCache::gather_headroom(FastStat s, int p, std::int64_t needed
 
 // Spends the device's headroom; when it falls short, the shards'; what is still missing raises the
 // peak, to exactly the device's current after the increase (every shard is locked then).
+void DeviceCache::draw_headroom(FastStat s, int p, std::int64_t amount) {
+  std::int64_t& headroom = headroom_[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
+  if (headroom < amount && gather_headroom(s, p, amount) < amount) {
+    (stats_.*kFastStatFields[static_cast<std::size_t>(s)])[static_cast<std::size_t>(p)].peak += amount - headroom;
+    headroom = amount;
+  }
+  headroom -= amount;
+}
+
 void DeviceCache::fast_stat_increase(FastStat s, PoolKind pool, std::int64_t amount) {
   StatArray& stat = stats_.*kFastStatFields[static_cast<std::size_t>(s)];
   for (const int p : {0, pool_index(pool)}) {
-    std::int64_t& headroom = headroom_[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
-    if (headroom < amount && gather_headroom(s, p, amount) < amount) {
-      stat[static_cast<std::size_t>(p)].peak += amount - headroom;
-      headroom = amount;
-    }
-    headroom -= amount;
+    draw_headroom(s, p, amount);
     stat[static_cast<std::size_t>(p)].current += amount;
     stat[static_cast<std::size_t>(p)].allocated += amount;
   }
@@ -83,30 +87,18 @@ void DeviceCache::fast_stat_decrease(FastStat s, PoolKind pool, std::int64_t amo
 // headroom does not pile up where no allocation will use it.
 void DeviceCache::give_headroom_for_unpark(StreamState& shard, const Block* block, std::size_t requested) {
   const int pool = pool_index(block->segment->pool);
-  const auto size = static_cast<std::int64_t>(block->size);
-  const std::pair<FastStat, std::int64_t> needs[] = {{kAllocation, 1},
-                                                      {kActive, 1},
-                                                      {kAllocatedBytes, size},
-                                                      {kActiveBytes, size},
-                                                      {kRequestedBytes, static_cast<std::int64_t>(requested)}};
-  for (const auto& [s, amount] : needs) {
+  const auto give = [&](FastStat s, std::int64_t amount) {
     for (const int p : {0, pool}) {
       std::int64_t& own = shard.stats.stat[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)].headroom;
       if (own >= amount) continue;
+      // The shard's own headroom is set aside meanwhile, so that the gathering does not count it twice.
       const std::int64_t lacking = amount - own;
-      std::int64_t& device = headroom_[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
-      // The shard keeps its own headroom out of the gathering (it is counted already) by holding it
-      // aside meanwhile.
       own = 0;
-      const bool enough = device >= lacking || gather_headroom(s, p, lacking) >= lacking;
-      if (!enough) {
-        (stats_.*kFastStatFields[static_cast<std::size_t>(s)])[static_cast<std::size_t>(p)].peak += lacking - device;
-        device = lacking;
-      }
-      device -= lacking;
+      draw_headroom(s, p, lacking);
       own = amount;
     }
-  }
+  };
+  for_each_unpark_raise(static_cast<std::int64_t>(block->size), static_cast<std::int64_t>(requested), give);
 }
 
 // Every Stat the cache keeps, for the two resets.

@@ -290,7 +290,7 @@ void DeviceCache::validate() const {
   // the current it makes up the peak exactly.
   for (int s = 0; s < kFastStats; ++s) {
     for (int p = 0; p < kPoolKinds; ++p) {
-      const std::string name = fmt::format("stat {} ({})", s, kPoolNames[p]);
+      const std::string name = std::string(kFastStatNames[static_cast<std::size_t>(s)]) + "." + kPoolNames[p];
       std::int64_t headroom = headroom_[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
       if (headroom < 0) broken(device_, name + ": the device's headroom is negative");
       for (const auto& [stream, state] : streams_) {

@@ -5,17 +5,16 @@
 // For each such stat (in total and per pool) the device keeps the peak; every shard keeps the totals
 // its fast paths added and took away (whose difference, its part of the current value, may be
 // negative: a block allocated on the device-locked path can be freed on the fast path), and a
-// `headroom` >= 0. The device
-// holds headroom of its own. Every path keeps, for each stat,
+// `headroom` >= 0. The device holds headroom of its own. Every path keeps, for each stat,
 //
 //     peak == current of the device + the device's headroom + the headroom of every shard
 //
 // where the device's current is its own part plus every shard's. An increase by n on a shard spends n
 // of that shard's headroom, a decrease returns n to it, so the sum does not move and the current can
 // never pass the peak. A fast path whose headroom does not cover its increase goes to the device-locked
-// path, which gathers the headroom of every shard (all of them locked) and raises the peak only by what
-// is still missing: the peak moves only when the device's current would pass it, with every shard
-// still, to exactly that current. So the peak is the largest value the aggregate took, and the fast
+// path, which takes what is missing from the device's headroom, then from the shards' one by one, and
+// raises the peak only by what is still missing once every shard has given all (each locked): the peak
+// moves only when the device's current would pass it, with every shard still, to exactly that current. So the peak is the largest value the aggregate took, and the fast
 // path writes nothing outside its shard.
 #pragma once
 
@@ -44,12 +43,29 @@ enum FastStat : int {
   kFastStats
 };
 
-// Each FastStat's field in DeviceStats.
+// Each FastStat's field in DeviceStats, and its name there.
 inline constexpr std::array<StatArray DeviceStats::*, kFastStats> kFastStatFields = {
 #define STREAMALLOC_FAST_STAT_FIELD(name, id) &DeviceStats::name,
     STREAMALLOC_FAST_PATH_STATS(STREAMALLOC_FAST_STAT_FIELD)
 #undef STREAMALLOC_FAST_STAT_FIELD
 };
+inline constexpr std::array<const char*, kFastStats> kFastStatNames = {
+#define STREAMALLOC_FAST_STAT_NAME(name, id) #name,
+    STREAMALLOC_FAST_PATH_STATS(STREAMALLOC_FAST_STAT_NAME)
+#undef STREAMALLOC_FAST_STAT_NAME
+};
+
+// Calls raise(stat, amount) for each stat that taking a block of `size` bytes from a hot list for
+// `requested` bytes raises (an inactive split it was only falls). Each call with a constant stat, so
+// that the fast path's uses compile to straight-line code.
+template <typename F>
+inline void for_each_unpark_raise(std::int64_t size, std::int64_t requested, F&& raise) {
+  raise(kAllocation, 1);
+  raise(kActive, 1);
+  raise(kAllocatedBytes, size);
+  raise(kActiveBytes, size);
+  raise(kRequestedBytes, requested);
+}
 
 // Per stat and pool index (0 = all): what only the shard writes, under its lock. Its part of the
 // current value is allocated - freed (reset_accumulated_stats moves it to the device's part first).
