@@ -2,7 +2,7 @@
 // its own stream of the simulated device) make the same number of alloc+free pairs, and beside each
 // run a control loop of pure arithmetic per thread shows how the machine itself scales.
 //
-//   streamalloc_threads_core [--pairs N] [--threads 1,2,4,8,16] [--sizes mixed|same]
+//   streamalloc_threads_core [--pairs N] [--threads 1,2,4,8,16] [--sizes mixed|same] [--rounds R]
 //
 // --sizes mixed: each thread cycles through 512 B, 4 KiB, 64 KiB and 1 MiB, as the `threads` scenario
 // of streamalloc_bench does; its streams peak at different moments, so the device's exact peak stays
@@ -10,6 +10,8 @@
 // lock (docs/design.md, "Stats stay exact"). --sizes same: every pair is 4 KiB, so after the first
 // rounds no stream borrows and the fast path runs alone. Prints, per thread count, the aggregate pairs
 // per second (all threads' pairs over the wall time), the slowest and fastest thread, and the control.
+// --rounds R times R rounds one after the other on the same allocator (one line each, with the device's
+// allocated_bytes peak after it): how the rate moves as a long-running process's peaks settle.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -31,7 +33,7 @@ using Seconds = std::chrono::duration<double>;
 [[noreturn]] void usage(const std::string& problem) {
   std::fprintf(stderr,
                "streamalloc_threads_core: %s\nusage: streamalloc_threads_core [--pairs N] [--threads 1,2,4,...] "
-               "[--sizes mixed|same]\n",
+               "[--sizes mixed|same] [--rounds R]\n",
                problem.c_str());
   std::exit(2);
 }
@@ -78,6 +80,7 @@ int main(int argc, char** argv) {
   long pairs = 2000000;
   std::vector<int> thread_counts = {1, 2, 4, 8, 16};
   bool same = false;
+  int rounds = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&]() -> std::string {
@@ -87,6 +90,9 @@ int main(int argc, char** argv) {
     if (arg == "--pairs") {
       pairs = std::atol(value().c_str());
       if (pairs < 1) usage("--pairs wants a positive count");
+    } else if (arg == "--rounds") {
+      rounds = std::atoi(value().c_str());
+      if (rounds < 1) usage("--rounds wants a positive count");
     } else if (arg == "--threads") {
       thread_counts = parse_threads(value());
     } else if (arg == "--sizes") {
@@ -120,20 +126,27 @@ int main(int argc, char** argv) {
     for (const Stream stream : streams) {  // warm-up: each stream's blocks, as streamalloc_bench does
       for (const std::size_t size : kSizes) allocator.deallocate(allocator.allocate(size, 0, stream), size, 0, stream);
     }
-    std::vector<double> each;
-    const double wall = run_threads(
-        threads,
-        [&](int t) {
-          const Stream stream = streams[static_cast<std::size_t>(t)];
-          for (long i = 0; i < pairs; ++i) {
-            const std::size_t size = same ? 4096 : kSizes[static_cast<std::size_t>(i) % 4];
-            allocator.deallocate(allocator.allocate(size, 0, stream), size, 0, stream);
-          }
-        },
-        &each);
-    allocator.validate();
-    std::printf("%7d %12.3f %16.1f %14.3f %14.3f\n", threads, control, static_cast<double>(pairs) * threads / wall / 1e6,
-                *std::min_element(each.begin(), each.end()), *std::max_element(each.begin(), each.end()));
+    for (int round = 0; round < rounds; ++round) {
+      std::vector<double> each;
+      const double wall = run_threads(
+          threads,
+          [&](int t) {
+            const Stream stream = streams[static_cast<std::size_t>(t)];
+            for (long i = 0; i < pairs; ++i) {
+              const std::size_t size = same ? 4096 : kSizes[static_cast<std::size_t>(i) % 4];
+              allocator.deallocate(allocator.allocate(size, 0, stream), size, 0, stream);
+            }
+          },
+          &each);
+      allocator.validate();
+      std::printf("%7d %12.3f %16.1f %14.3f %14.3f", threads, control, static_cast<double>(pairs) * threads / wall / 1e6,
+                  *std::min_element(each.begin(), each.end()), *std::max_element(each.begin(), each.end()));
+      if (rounds > 1) {
+        std::printf("  round %d, allocated_bytes peak %.2f MiB", round + 1,
+                    static_cast<double>(allocator.stats(0).allocated_bytes[0].peak) / (1 << 20));
+      }
+      std::printf("\n");
+    }
   }
   return 0;
 }
