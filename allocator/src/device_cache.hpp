@@ -296,8 +296,8 @@ class DeviceCache {
   bool grows_expandable(const MemoryPool& pool) const {
     return expandable_page_bytes_ != 0 && &pool == &default_pool_;
   }
-  // Grows the segment of (stream, kind) at its end by whole pages, mapped in pieces of up to 20 MiB
-  // (large) or one page (small), or starts one, so that a free block of at least `size` bytes that
+  // Grows the segment of (stream, kind) at its end by whole pages, mapped as one physical allocation,
+  // or starts one, so that a free block of at least `size` bytes that
   // `stream` may take is in the free lists; returns it, or nullptr when the memory cap or the device
   // refuses (nothing stays mapped for it then).
   Block* grow_expandable(PoolKind kind, std::size_t size, Stream stream);

@@ -2,9 +2,8 @@
 // expandable_segments:True made stream-aware. With the option on, the default pool's memory comes from
 // one segment per (stream, size class): a reserved address range whose blocks cover exactly its mapped
 // pieces. When no cached block serves an allocation, the stream's segment grows after its last block by
-// whole pages, mapped in pieces (physical allocations) of up to 20 MiB in the large class and of one
-// page in the small one: that block grows when the stream may take it, else the new pages are a block
-// of their own. Blocks inside split, merge, settle and go pending exactly as in fixed segments. The
+// whole pages, mapped as one physical allocation (a piece): that block grows when the stream may take
+// it, else the new pages are a block of their own. Blocks inside split, merge, settle and go pending exactly as in fixed segments. The
 // whole pieces inside free blocks are unmapped by empty_cache(), the memory cap and the OOM path
 // (release_free_segments), and a segment with nothing left mapped gives its range back.
 #include <algorithm>
@@ -22,14 +21,6 @@ namespace {
 
 std::size_t round_up(std::size_t bytes, std::size_t page) { return (bytes + page - 1) / page * page; }
 
-// The most one physical allocation of a growth maps (docs/design.md, "Expandable segments"): in the
-// large class 20 MiB, as PyTorch's large-pool handles (kLargeBuffer), so that a growth costs one
-// create and map per 20 MiB instead of one per page; in the small class one page, as PyTorch's 2 MiB
-// handles. A piece goes back only whole, so larger pieces would keep more free memory mapped.
-constexpr std::size_t kLargePieceBytes = 20 * MiB;
-std::size_t piece_bytes(PoolKind kind, std::size_t page) {
-  return kind == PoolKind::kLarge ? round_up(kLargePieceBytes, page) : page;
-}
 
 }  // namespace
 
@@ -64,7 +55,7 @@ Block* DeviceCache::grow_expandable(PoolKind kind, std::size_t size, Stream stre
     const std::size_t bytes = round_up(extend ? size - tail->size : size, page);
     if (segment->span() + bytes <= segment->address_range) {
       if (segments_.reserved_bytes() + bytes > memory_cap()) return nullptr;
-      Block* added = segments_.grow(segment, bytes, piece_bytes(kind, page));
+      Block* added = segments_.grow(segment, bytes);
       if (added == nullptr) return nullptr;
       if (trace_ != nullptr) {
         trace_events::segment_pages(*trace_, TraceAction::kSegmentMap, device_, *segment, added->address, bytes);
@@ -93,7 +84,7 @@ Block* DeviceCache::grow_expandable(PoolKind kind, std::size_t size, Stream stre
   const std::size_t range = std::max(bytes, round_up(share, page));
   SegmentSource::Refusal why = SegmentSource::Refusal::kNone;
   Segment* segment =
-      segments_.reserve_expandable(kind, &default_pool_, range, bytes, piece_bytes(kind, page), stream, &why);
+      segments_.reserve_expandable(kind, &default_pool_, range, bytes, stream, &why);
   if (segment == nullptr) {
     // Without address space the memory may still be there: a fixed segment, as without the option.
     return why == SegmentSource::Refusal::kNoAddressSpace ? reserve_fixed_segment(default_pool_, kind, size, stream)
@@ -220,12 +211,10 @@ void DeviceCache::validate_expandable(const Segment* segment) const {
       (segment->head->address - segment->address) % page != 0 || segment->span() % page != 0) {
     broken("an expandable segment's blocks do not cover whole pages of its range");
   }
-  // The pieces tile exactly each run of blocks side by side, and nothing else; each is whole pages, at
-  // most a growth's piece size.
+  // The pieces tile exactly each run of blocks side by side, and nothing else; each is whole pages.
   std::vector<SegmentPieces::Run> pieces;
   pieces.reserve(segment->pieces.count());
   segment->pieces.for_each([&](std::uintptr_t address, std::size_t bytes) { pieces.push_back({address, bytes}); });
-  const std::size_t largest = piece_bytes(segment->pool, page);
   const std::string where = "expandable segment " + std::to_string(segment->address);
   std::size_t next = 0;
   for (const Block* b = segment->head; b != nullptr;) {
@@ -237,7 +226,7 @@ void DeviceCache::validate_expandable(const Segment* segment) const {
         broken("the mapped pieces of " + where + " do not tile its blocks at offset " +
                std::to_string(at - segment->address));
       }
-      if (pieces[next].bytes == 0 || pieces[next].bytes % page != 0 || pieces[next].bytes > largest) {
+      if (pieces[next].bytes == 0 || pieces[next].bytes % page != 0) {
         broken("a mapped piece of " + where + " has " + std::to_string(pieces[next].bytes) + " bytes");
       }
     }

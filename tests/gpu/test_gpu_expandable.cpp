@@ -97,9 +97,9 @@ TEST_F(GpuExpandable, MemoryInfoFollowsTheMappedBytes) {
   EXPECT_LE(before > free_bytes() ? before - free_bytes() : 0, kSlack) << "every page went back";
 }
 
-// A growth of 100 MiB maps five 20 MiB pieces: the device's free memory falls by exactly the mapped
-// bytes (no page-sized overhead per piece), kernels see one run across the joins, and empty_cache()
-// gives every byte back.
+// A growth of 100 MiB, then one of 60 MiB right after it: the device's free memory falls by exactly the
+// mapped bytes (no overhead per physical allocation), kernels see one run across the join, and
+// empty_cache() gives every byte back.
 TEST_F(GpuExpandable, GrowthOf100MiBCostsExactlyTheMappedBytes) {
   TestStream stream;
   // The kernels load lazily, into device memory: load them before measuring, outside the allocator.
@@ -113,6 +113,11 @@ TEST_F(GpuExpandable, GrowthOf100MiBCostsExactlyTheMappedBytes) {
   EXPECT_EQ(before - grown, 100 * MiB) << "free memory fell by other than the mapped bytes";
   write_and_check(p, 100 * MiB / 4, 5, stream);
   al().deallocate(p, 0, 0, stream.id());
+  void* q = al().allocate(160 * MiB, 0, stream.id());  // p's free block grows by 60 MiB
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(before - free_bytes(), 160 * MiB);
+  write_and_check(q, 160 * MiB / 4, 6, stream);
+  al().deallocate(q, 0, 0, stream.id());
   al().empty_cache();
   EXPECT_EQ(reserved(), 0);
   EXPECT_EQ(free_bytes(), before) << "free memory did not come back to what it was";
