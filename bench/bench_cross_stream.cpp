@@ -5,8 +5,12 @@
 //
 // No kernels run, so fences complete as soon as they are recorded: this measures the allocator's own
 // cost per op, not how long blocks stay pending (the trace replay and the multi-stream demo cover that).
+// Peers that count their fences (streamalloc) also report fences_per_item (events recorded) and
+// fence_queries_per_item (events and streams queried): 1 MiB blocks fill a 2 MiB small-pool segment
+// two at a time, so every second allocation misses (docs/design.md, "Fences: batching and pipelining").
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "scenario.hpp"
 
@@ -21,6 +25,7 @@ void cross_stream(benchmark::State& state, Peer& peer) {
   peer.record_stream(warm, consumer);
   peer.free(warm, size, producer);
   peer.synchronize();
+  const std::optional<FenceCounts> before = peer.fence_counts();
   for (auto _ : state) {
     void* ptr = peer.alloc(size, producer);
     benchmark::DoNotOptimize(ptr);
@@ -28,6 +33,13 @@ void cross_stream(benchmark::State& state, Peer& peer) {
     peer.free(ptr, size, producer);
   }
   state.SetItemsProcessed(state.iterations());
+  if (const std::optional<FenceCounts> after = peer.fence_counts(); before && after) {
+    using benchmark::Counter;
+    state.counters["fences_per_item"] =
+        Counter(static_cast<double>(after->recorded - before->recorded), Counter::kAvgIterations);
+    state.counters["fence_queries_per_item"] =
+        Counter(static_cast<double>(after->polled - before->polled), Counter::kAvgIterations);
+  }
   peer.synchronize();
   report_peaks(state, peer);
 }

@@ -35,6 +35,12 @@ struct MemoryPeaks {
   std::int64_t allocated = -1;  // memory handed to callers
 };
 
+// What a peer's stream-ordered frees cost in device calls, counted by the allocator since it opened.
+struct FenceCounts {
+  std::int64_t recorded = 0;  // events recorded
+  std::int64_t polled = 0;    // event queries, and streams asked whether they are idle
+};
+
 // One allocator under test. Calls may come from several threads at once (the threads scenario);
 // every peer is as thread-safe as the allocator it wraps.
 class Peer {
@@ -59,6 +65,8 @@ class Peer {
   // Give cached memory back to the device and restart peak tracking.
   virtual void reset_memory() = 0;
   virtual MemoryPeaks peaks() = 0;
+  // The allocator's own fence counts (streamalloc's stats); nullopt where the peer keeps none.
+  virtual std::optional<FenceCounts> fence_counts() { return std::nullopt; }
 };
 
 // How a peer that needs a process of its own runs: the program runs itself again with

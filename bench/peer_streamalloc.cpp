@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -98,6 +99,11 @@ class StreamallocPeer final : public Peer {
     return {stats.reserved_bytes[all].peak, stats.allocated_bytes[all].peak};
   }
 
+  std::optional<FenceCounts> fence_counts() override {
+    const DeviceStats stats = allocator_->stats(0);
+    return FenceCounts{stats.fences_recorded, stats.fences_polled};
+  }
+
  private:
   bool cuda_;
   std::shared_ptr<Backend> backend_;
@@ -164,6 +170,11 @@ class CabiPeer final : public Peer {
     const nlohmann::json memory = stats()["memory_stats"];
     return {memory["reserved_bytes.all.peak"].get<std::int64_t>(),
             memory["allocated_bytes.all.peak"].get<std::int64_t>()};
+  }
+
+  std::optional<FenceCounts> fence_counts() override {
+    const nlohmann::json counts = stats()["stream_stats"];
+    return FenceCounts{counts["fences_recorded"].get<std::int64_t>(), counts["fences_polled"].get<std::int64_t>()};
   }
 
  private:

@@ -269,8 +269,11 @@ class DeviceCache {
   void fence_after_free(const Block* block);
   void release_pending(Block* block);
   void finish_fence(StreamState& state, Fence& fence);
-  void close_batches_and_poll();
-  void poll_fences(bool close_batches);
+  // `missed`: the stream whose allocation missed the cache, whose own batch may wait
+  // (defers_own_batch); nullptr closes every batch (process_fences).
+  void close_batches_and_poll(const StreamState* missed = nullptr);
+  void poll_fences(bool close_batches, const StreamState* missed = nullptr);
+  bool defers_own_batch(const StreamState& state, const StreamState* missed, Clock::time_point now) const;
   void synchronize_all_fences(bool for_memory = false);
   bool any_stream_capturing();
   // For the aids: the pending stats of `count` streams changed at `when`. Out of line and cold.
@@ -397,6 +400,9 @@ class DeviceCache {
   // Frees with uses poll and record fences at most once per window (docs/design.md, "Fences: batching
   // and pipelining").
   static constexpr std::chrono::microseconds kFenceBatchWindow{20};
+  // A miss fences its own stream's batch of owned free blocks at most once per interval: those blocks
+  // serve the stream without a fence (docs/design.md, "Fences: batching and pipelining").
+  static constexpr std::chrono::milliseconds kOwnBatchInterval{1};
   Clock::time_point last_fence_pass_{};
   Clock::time_point last_pending_poll_{};  // coarse clock: the allocation path's poll of pending blocks
   // Expandable segments: the page size they map in (0 while the default pool uses fixed segments),

@@ -88,7 +88,7 @@ void* DeviceCache::allocate(std::size_t requested, Stream stream) {
 
   Block* block = find_free(pool, kind, size, stream);
   if (block == nullptr) {
-    close_batches_and_poll();
+    close_batches_and_poll(&own);
     block = find_free(pool, kind, size, stream);
   }
   if (block == nullptr) block = reserve_segment(pool, kind, size, stream);

@@ -112,14 +112,27 @@ bool DeviceCache::any_stream_capturing() {
 // recorded before the sync, which the sync completed), is released without an event when the stream
 // is idle: all work enqueued on it has completed, the free's last use included. One stream query
 // replaces the event record and query; only streams with pending blocks are asked, only here.
-void DeviceCache::close_batches_and_poll() {
+void DeviceCache::close_batches_and_poll(const StreamState* missed) {
   flush_all_hot();  // parked blocks join the free lists, where they can merge and settle
-  poll_fences(/*close_batches=*/true);
+  poll_fences(/*close_batches=*/true, missed);
+}
+
+// A miss fences what may serve it: batches with pending blocks (once their used stream passes the
+// fence, the blocks return to their allocation stream) and other streams' batches of owned free blocks
+// (settled, they serve any stream). The missing stream's own batch of owned free blocks is no use to
+// it: its owned blocks serve it already. Closing that batch at every miss cost a cross-stream loop of
+// 1 MiB blocks, two to a small segment, an event every second pair. So a miss fences its own batch only
+// when the stream's newest fence is older than kOwnBatchInterval; other streams' misses,
+// process_fences(), empty_cache() and the OOM path close it as before. A batch that holds pending
+// blocks is never deferred.
+bool DeviceCache::defers_own_batch(const StreamState& state, const StreamState* missed, Clock::time_point now) const {
+  return &state == missed && state.fences.open_pending().empty() &&
+         now - state.fences.last_recorded_at() < kOwnBatchInterval;
 }
 
 // Without `close_batches` nothing is recorded: fences in flight are polled and idle streams' open
 // batches complete, so pending blocks whose streams are done come back without costing a new event.
-void DeviceCache::poll_fences(bool close_batches) {
+void DeviceCache::poll_fences(bool close_batches, const StreamState* missed) {
   if (any_stream_capturing()) return;
   // Uses from a capture that has ended leave their batches first (an idle batch completes without
   // close_batch, which would drop them otherwise).
@@ -149,7 +162,7 @@ void DeviceCache::poll_fences(bool close_batches) {
     if (idle && state->fences.complete_open_batch(&fence)) {
       ++stats_.fences_skipped_idle;
       finish_fence(*state, fence);
-    } else if (close_batches) {
+    } else if (close_batches && !defers_own_batch(*state, missed, now)) {
       close_batch(*state);
     }
     if (!oldest_incomplete) {

@@ -50,6 +50,7 @@ bool FenceQueue::close_batch(Backend& backend, EventPool& pool, int device) {
   }
   fence.pending.swap(open_pending_);
   fence.recorded_at = Clock::now();
+  last_recorded_at_ = fence.recorded_at;
   in_flight_.push_back(std::move(fence));
   ++open_seq_;
   open_has_members_ = false;

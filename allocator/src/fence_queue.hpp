@@ -51,6 +51,8 @@ class FenceQueue {
   std::uint64_t closed_seq() const { return open_seq_ - 1; }
   const std::deque<Fence>& in_flight() const { return in_flight_; }
   const std::vector<Block*>& open_pending() const { return open_pending_; }
+  // When the newest fence of the stream was recorded; the clock's epoch before the first.
+  Clock::time_point last_recorded_at() const { return last_recorded_at_; }
 
   // A block freed on this stream (its allocation stream) joins the open batch; returns the sequence
   // number whose fence settles it.
@@ -100,6 +102,7 @@ class FenceQueue {
   std::uint64_t completed_seq_ = 0;
   bool open_has_members_ = false;
   std::vector<Block*> open_pending_;
+  Clock::time_point last_recorded_at_{};
   std::deque<Fence> in_flight_;
   StreamPending pending_;
 };

@@ -1,0 +1,105 @@
+// When batches of frees are fenced (docs/design.md, "Fences: batching and pipelining"), on the
+// simulated device in manual mode: every event recorded on a stream stays queued there until the test
+// advances the stream, so a stream's queue counts the fences recorded on it.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "sim_fixture.hpp"
+
+namespace streamalloc::testing {
+namespace {
+
+// The small pool's largest size: two blocks fill a 2 MiB segment.
+constexpr std::size_t kMegabyte = 1 * MiB;
+
+// The prefetch pipeline's pair: allocated on `producer`, used on `consumer`, freed; then the consumer's
+// work is done.
+void cross_stream_pair(SimSetup& s, Stream producer, Stream consumer) {
+  void* p = s.a().allocate(kMegabyte, 0, producer);
+  s.a().record_stream(p, consumer);
+  s.a().deallocate(p, kMegabyte, 0, producer);
+  s.sim->synchronize_stream(0, consumer);
+}
+
+// Both blocks of the segment are pending on the consumer at every second allocation, which misses.
+// The miss gets them back (the consumer is idle), and needs no fence on the producer: the blocks it
+// settles already serve the producer. Fencing the producer's own batch at every miss cost an event
+// every second pair.
+TEST(FenceBatching, ACrossStreamLoopOfMegabyteBlocksDoesNotFenceTheProducerAtEveryMiss) {
+  SimSetup s("");
+  const Stream producer = s.sim->create_stream();
+  const Stream consumer = s.sim->create_stream();
+  constexpr int kPairs = 200;
+  for (int i = 0; i < kPairs; ++i) cross_stream_pair(s, producer, consumer);
+  const std::size_t producer_fences = s.sim->queued_items(0, producer);  // the producer never runs
+  EXPECT_LE(producer_fences, static_cast<std::size_t>(kPairs / 10))
+      << "fences recorded on the producer in " << kPairs << " pairs";
+  EXPECT_EQ(s.stats().segment[0].current, 1) << "no segment beyond the first";
+  s.a().validate();
+}
+
+// The deferral is bounded: a miss fences its own stream's batch once the stream's newest fence is
+// older than the interval (1 ms), so its free blocks still settle for other streams.
+TEST(FenceBatching, AMissFencesItsOwnBatchOnceTheIntervalHasPassed) {
+  SimSetup s("");
+  const Stream producer = s.sim->create_stream();
+  const Stream consumer = s.sim->create_stream();
+  for (int i = 0; i < 10 && s.sim->queued_items(0, producer) == 0; ++i) cross_stream_pair(s, producer, consumer);
+  ASSERT_EQ(s.sim->queued_items(0, producer), 1u) << "the first miss fences: the stream had no fence yet";
+  for (int i = 0; i < 6; ++i) cross_stream_pair(s, producer, consumer);  // three misses or more
+  EXPECT_EQ(s.sim->queued_items(0, producer), 1u) << "misses right after it do not";
+  std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  for (int i = 0; i < 4; ++i) cross_stream_pair(s, producer, consumer);
+  EXPECT_EQ(s.sim->queued_items(0, producer), 2u) << "the first miss after the interval does, the next do not";
+  s.sim->synchronize_stream(0, producer);
+  s.a().process_fences();
+  s.a().validate();
+}
+
+// Another stream's miss fences the batch a stream's own misses left open: its blocks settle for others.
+TEST(FenceBatching, AnotherStreamsMissFencesTheDeferredBatch) {
+  SimSetup s("");
+  const Stream producer = s.sim->create_stream();
+  const Stream consumer = s.sim->create_stream();
+  const Stream other = s.sim->create_stream();
+  for (int i = 0; i < 10 && s.sim->queued_items(0, producer) == 0; ++i) cross_stream_pair(s, producer, consumer);
+  for (int i = 0; i < 2; ++i) cross_stream_pair(s, producer, consumer);  // their blocks join the open batch
+  ASSERT_EQ(s.sim->queued_items(0, producer), 1u) << "the producer's misses left its batch open";
+  void* p = s.a().allocate(kMegabyte, 0, other);  // misses: the producer's free blocks are not settled
+  EXPECT_EQ(s.sim->queued_items(0, producer), 2u) << "the other stream's miss fenced the producer's batch";
+  s.a().deallocate(p, kMegabyte, 0, other);
+  s.a().validate();
+}
+
+// Only a batch of the missing stream's own free blocks waits: one with a block of another stream
+// pending on the missing stream is fenced by the miss at once, as before, so that block comes back as
+// soon as the stream passes the miss.
+TEST(FenceBatching, AMissFencesItsBatchOfOtherStreamsPendingBlocks) {
+  SimSetup s("");
+  const Stream a = s.sim->create_stream();
+  const Stream b = s.sim->create_stream();
+  const Stream c = s.sim->create_stream();
+  for (int i = 0; i < 4; ++i) cross_stream_pair(s, a, b);  // a has been fenced, and has blocks of its own
+  void* c0 = s.a().allocate(kMegabyte, 0, c);
+  s.a().record_stream(c0, a);
+  s.sim->enqueue(0, a, [] {});  // a works with c0
+  s.a().deallocate(c0, kMegabyte, 0, c);  // pending in a's open batch: a fence of a is in flight
+  const std::size_t a_queue = s.sim->queued_items(0, a);
+  std::vector<void*> on_a;
+  const std::int64_t segments = s.stats().segment[0].current;
+  while (s.stats().segment[0].current == segments) on_a.push_back(s.a().allocate(kMegabyte, 0, a));  // a misses
+  ASSERT_EQ(s.sim->queued_items(0, a), a_queue + 1) << "a's miss fenced the batch that holds c0";
+  s.sim->enqueue(0, a, [] {});                  // a works on
+  s.sim->advance(0, a, a_queue + 1);            // ... having passed that fence
+  s.a().process_fences();
+  EXPECT_EQ(s.stats().pending_blocks.current, 0) << "c0 came back once a passed the miss";
+  s.sim->synchronize_stream(0, a);
+  for (void* p : on_a) s.a().deallocate(p, kMegabyte, 0, a);
+  s.a().validate();
+}
+
+}  // namespace
+}  // namespace streamalloc::testing
