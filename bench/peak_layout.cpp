@@ -33,14 +33,19 @@ struct Args {
   std::string conf;
   bool list_blocks = false;
   bool every_growth = false;
+  std::size_t maps_from = 1, maps_to = 0;  // --maps FROM:TO (op indices); none by default
 };
 
 [[noreturn]] void usage(const std::string& problem) {
   std::fprintf(stderr,
-               "%s%susage: streamalloc_peak_layout TRACE [--conf CONF] [--blocks] [--every]\n"
+               "%s%susage: streamalloc_peak_layout TRACE [--conf CONF] [--blocks] [--every] [--maps FROM:TO]\n"
                "  --conf    streamalloc options, STREAMALLOC_CONF syntax (e.g. expandable_segments:true)\n"
                "  --blocks  list every free block at the peak\n"
-               "  --every   print the table after every operation that made the device give memory\n",
+               "  --every   print the table after every operation that made the device give memory\n"
+               "  --maps    after each operation FROM..TO (indices), every block of every segment in address\n"
+               "            order: [MiB state stream], state a(llocated) p(ending) o(wned) s(ettled), free ones\n"
+               "            marked _ (reading the table after every op slows the replay, which changes when fences are seen\n"
+               "            complete, and so the layout)\n",
                problem.c_str(), problem.empty() ? "" : "\n");
   std::exit(2);
 }
@@ -53,6 +58,13 @@ Args parse_args(int argc, char** argv) {
     if (arg == "--conf") {
       if (i + 1 >= argc) usage("--conf needs a value");
       args.conf = argv[++i];
+    } else if (arg == "--maps") {
+      if (i + 1 >= argc) usage("--maps needs FROM:TO");
+      const std::string range = argv[++i];
+      const std::size_t colon = range.find(':');
+      if (colon == std::string::npos) usage("--maps takes FROM:TO, not '" + range + "'");
+      args.maps_from = std::stoul(range.substr(0, colon));
+      args.maps_to = std::stoul(range.substr(colon + 1));
     } else if (arg == "--every") {
       args.every_growth = true;
     } else if (arg == "--blocks") {
@@ -86,6 +98,22 @@ std::string size_histogram(std::vector<std::size_t> sizes) {
     out += item;
   }
   return out;
+}
+
+// One line per segment: its blocks in address order, as [_MiB state stream] (free ones start with _).
+void print_block_map(const std::vector<SegmentInfo>& segments, const std::map<Stream, int>& trace_stream) {
+  for (const SegmentInfo& s : segments) {
+    const auto owner = trace_stream.find(s.stream);
+    std::printf("  %s segment of stream %d:", s.is_large ? "large" : "small",
+                owner == trace_stream.end() ? -1 : owner->second);
+    for (const BlockInfo& b : s.blocks) {
+      const auto stream = trace_stream.find(b.allocation_stream);
+      std::printf(" [%s%.2f %c%d]", b.state == BlockInfo::State::kAllocated ? "" : "_",
+                  static_cast<double>(b.size) / kMiB, block_state(b)[0],
+                  stream == trace_stream.end() ? -1 : stream->second);
+    }
+    std::printf("\n");
+  }
 }
 
 void print_layout(const std::vector<SegmentInfo>& segments, const std::map<Stream, int>& trace_stream,
@@ -172,6 +200,12 @@ int run(const Args& args) {
     // Reserved rises only when the device gives memory (a map or a reserve); reading the stats and the
     // block table only then keeps the replay's timing, which decides when fences are polled, close to
     // streamalloc_replay's.
+    if (i >= args.maps_from && i <= args.maps_to) {
+      static const char kKinds[] = {'a', 'f', 'r'};  // TraceOp::Kind's order
+      std::printf("op %zu: %c of %.2f MiB on stream %u\n", i, kKinds[static_cast<int>(op.kind)],
+                  static_cast<double>(op.size) / kMiB, op.stream);
+      print_block_map(allocator.segments(0), trace_stream);
+    }
     if (op.kind != TraceOp::Kind::kAlloc) continue;
     const SimBackend::Counters now = sim->counters();
     if (now.physical_allocations_created == device_calls.physical_allocations_created &&
