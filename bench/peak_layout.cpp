@@ -1,15 +1,16 @@
 // streamalloc_peak_layout: where a trace's reserved-but-unallocated memory sits when reserved peaks.
 //
-//   streamalloc_peak_layout TRACE [--conf CONF] [--blocks]
+//   streamalloc_peak_layout TRACE [--conf CONF] [--blocks] [--every] [--maps FROM:TO]
 //
 // Replays TRACE once on streamalloc's C++ Allocator on the simulated device (sized as streamalloc_replay
 // sizes it), reads the block table after every operation that raised reserved_bytes to a new peak, and
 // prints the table of the last such operation (the peak): for each segment, its stream, size class and
 // mapped bytes, and its free bytes by state (pending, free owned by a stream, free settled) with the free
-// blocks' sizes; then the totals, and what growing cost on the simulated device (growths, physical
-// allocations created, unmaps). --blocks lists every free block. It answers "which segments and streams
-// hold the bytes that reserved has above allocated, and in what pieces", which the replay's one ratio
-// does not (docs/design.md, "Expandable segments").
+// blocks' sizes; then the totals, what growing cost on the simulated device (growths, physical
+// allocations created, unmaps) and the fence calls (events recorded, event and stream queries).
+// --blocks lists every free block. It answers "which segments and streams hold the bytes that reserved
+// has above allocated, and in what pieces", which the replay's one ratio does not (docs/design.md,
+// "Expandable segments").
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -244,6 +245,10 @@ int run(const Args& args) {
               static_cast<unsigned long long>(counters.reserve_calls),
               static_cast<unsigned long long>(counters.physical_allocations_created),
               static_cast<unsigned long long>(counters.physical_allocations_released));
+  std::printf("fences: event records %llu, event queries %llu, stream queries %llu\n",
+              static_cast<unsigned long long>(counters.event_records),
+              static_cast<unsigned long long>(counters.event_queries),
+              static_cast<unsigned long long>(counters.stream_queries));
   print_layout(at_peak, trace_stream, args.list_blocks);
   return 0;
 }
