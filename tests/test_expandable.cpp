@@ -606,6 +606,67 @@ TEST(Expandable, SettledBlockOfOneStreamServesAnotherWithoutGrowing) {
   check(s);
 }
 
+// Packing: a best fit that would carve a larger block while blocks are pending polls the fences first
+// (no event recorded), so a pending block of the exact size whose consumer has passed its fence comes
+// back, and the larger block stays whole for the sizes that need it. The per-tick poll has just run (the
+// small allocation), so only this policy can see that the fence completed.
+TEST(Expandable, ACompletedPendingBlockOfTheSizeIsTakenBeforeALargerBlockIsCarved) {
+  SimSetup s(kOn);
+  const Stream a = s.sim->create_stream();
+  const Stream u = s.sim->create_stream();
+  void* p = s.a().allocate(4 * MiB, 0, a);
+  void* between = s.a().allocate(2 * MiB, 0, a);
+  void* larger = s.a().allocate(8 * MiB, 0, a);
+  void* end = s.a().allocate(2 * MiB, 0, a);  // so that the larger block is not the free end
+  s.a().deallocate(larger, 0, 0, a);
+  s.a().record_stream(p, u);
+  s.a().deallocate(p, 0, 0, a);
+  s.a().process_fences();  // u's batch is fenced; u has not run
+  void* small = s.a().allocate(4096, 0, a);  // polls, at most once per tick: the fence is still in flight
+  EXPECT_EQ(s.stats().pending_blocks.current, 1);
+  s.sim->synchronize_stream(0, u);  // the consumer passes its fence; the cache has not looked since
+  const std::uint64_t records = s.sim->counters().event_records;
+  const std::int64_t maps = s.stats().num_device_alloc;
+  void* q = s.a().allocate(4 * MiB, 0, a);
+  EXPECT_EQ(q, p) << "the larger free block was carved while the block of the size was reusable";
+  EXPECT_EQ(s.stats().pending_blocks.current, 0);
+  EXPECT_EQ(s.sim->counters().event_records, records) << "the poll records no fence";
+  EXPECT_EQ(s.stats().num_device_alloc, maps);
+  check(s);
+  void* r = s.a().allocate(8 * MiB, 0, a);
+  EXPECT_EQ(r, larger) << "the larger block stayed whole";
+  EXPECT_EQ(s.stats().num_device_alloc, maps) << "no growth";
+  check(s);
+  for (void* ptr : {q, between, r, end, small}) s.a().deallocate(ptr, 0, 0, a);
+  check(s);
+}
+
+// Packing: blocks parked in a stream's hot list are left out of the best fit, so in an expandable
+// segment, where one segment holds all of a stream's small blocks, a small size the list cannot serve
+// flushes it first (as the large pool always does): the parked neighbours merge into a block of the
+// size, and the best fit takes it instead of carving a larger free block.
+TEST(Expandable, ASmallSizeTheHotListCannotServeSeesTheParkedBlocksMerged) {
+  SimSetup s(kOn);
+  const Stream a = s.sim->create_stream();
+  std::vector<void*> quarters;
+  for (int i = 0; i < 4; ++i) quarters.push_back(s.a().allocate(512 * KiB, 0, a));  // the first page
+  void* halves[2] = {s.a().allocate(1 * MiB, 0, a), s.a().allocate(1 * MiB, 0, a)};  // the second page
+  s.a().deallocate(halves[0], 0, 0, a);
+  s.a().deallocate(halves[1], 0, 0, a);
+  void* large = s.a().allocate(4 * MiB, 0, a);  // a large-pool miss flushes: the second page is one free block
+  s.a().deallocate(quarters[0], 0, 0, a);  // both parked in a's hot list, unmerged
+  s.a().deallocate(quarters[1], 0, 0, a);
+  const std::int64_t maps = s.stats().num_device_alloc;
+  void* p = s.a().allocate(1 * MiB, 0, a);
+  EXPECT_EQ(p, quarters[0]) << "the free page was carved while the parked neighbours make a block of the size";
+  EXPECT_EQ(s.stats().num_device_alloc, maps);
+  check(s);
+  void* q = s.a().allocate(1 * MiB, 0, a);
+  EXPECT_EQ(q, halves[0]);
+  for (void* ptr : {p, q, quarters[2], quarters[3], large}) s.a().deallocate(ptr, 0, 0, a);
+  check(s);
+}
+
 // The free end of a's segment is owned by b (b took it settled and freed it): a's growth must not
 // merge new pages into b's block, so the new pages are a block of their own.
 TEST(Expandable, AnotherStreamsFreeEndIsNotGrownForThisStream) {

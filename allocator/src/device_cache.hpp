@@ -216,6 +216,11 @@ class DeviceCache {
 
   // ---- allocation path (device_cache_allocate.cpp)
   Block* find_free(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream);
+  // find_free's choice without counting it (cross_stream_reuse_settled counts only what is taken).
+  Block* best_free(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream);
+  // The first best fit of an allocation; in an expandable segment a fit that would carve a larger block
+  // while blocks are pending looks again after a poll (device_cache_allocate.cpp says why).
+  Block* find_free_packed(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream);
   Block* find_free_after_gpu_wait(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream);
   // A new segment, or more pages of an expandable one, holding a free block of at least `size` bytes.
   Block* reserve_segment(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream);

@@ -69,9 +69,11 @@ void* DeviceCache::allocate(std::size_t requested, Stream stream) {
     // A large-pool size the hot list cannot serve: the parked blocks join the free lists first, merged
     // with their neighbours, so the best fit below sees the free memory it would see without the hot
     // list (parked blocks left out of the best fit fragment the large pool). Small-pool blocks stay
-    // parked: their 2 MiB segments bound what fragmentation can cost, and code cycling through a few
-    // small sizes keeps hitting the list.
-    if (kind == PoolKind::kLarge) flush_hot(own, 0);
+    // parked in fixed segments: their 2 MiB segments bound what fragmentation can cost, and code
+    // cycling through a few small sizes keeps hitting the list. An expandable segment has no such
+    // bound (one segment per stream holds all its small blocks), so there the small pool flushes too
+    // (docs/design.md, "Expandable segments", "Packing").
+    if (kind == PoolKind::kLarge || grows_expandable(pool)) flush_hot(own, 0);
   }
   // While blocks are pending, their fences may have completed since the last pass (a host sync, or
   // time): PyTorch's allocator polls its events on every allocation, so after a sync it hands a
@@ -86,7 +88,7 @@ void* DeviceCache::allocate(std::size_t requested, Stream stream) {
     }
   }
 
-  Block* block = find_free(pool, kind, size, stream);
+  Block* block = find_free_packed(pool, kind, size, stream);
   if (block == nullptr) {
     close_batches_and_poll(&own);
     block = find_free(pool, kind, size, stream);
@@ -111,14 +113,37 @@ void* DeviceCache::allocate(std::size_t requested, Stream stream) {
 }
 
 // The smaller of the best owned and the best settled fit; ties go to the own stream.
-Block* DeviceCache::find_free(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream) {
+Block* DeviceCache::best_free(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream) {
   Block* own = pool.free.best_owned(kind, stream, size);
   if (own != nullptr && !size_policy::may_serve(own->size, size, options_)) own = nullptr;
   Block* settled = pool.free.best_settled(kind, stream, size);
   if (settled != nullptr && !size_policy::may_serve(settled->size, size, options_)) settled = nullptr;
   if (own != nullptr && (settled == nullptr || own->size <= settled->size)) return own;
-  if (settled != nullptr && settled->stream != stream) ++stats_.cross_stream_reuse_settled;
   return settled;
+}
+
+Block* DeviceCache::find_free(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream) {
+  Block* block = best_free(pool, kind, size, stream);
+  if (block != nullptr && block->settled && block->stream != stream) ++stats_.cross_stream_reuse_settled;
+  return block;
+}
+
+// Expandable segments pack tighter when a pending block whose fences have completed comes back before
+// a larger free block is carved (docs/design.md, "Expandable segments", "Packing"). The poll before the
+// best fit runs once per tick of the coarse clock, so in a burst of allocations a block whose consumer
+// has passed its fence still looks pending: the best fit then splits a larger block, its rest is a
+// hole that later requests of other sizes fit worse, and the segment grows at its end instead. So a
+// fit that would split, while blocks are pending, polls (no event recorded: fences in flight and idle
+// streams' open batches) and looks again. Exact fits, the steady state of a training loop, pay nothing.
+// Fixed segments keep the per-tick poll alone: their numbers do not change with the option off.
+Block* DeviceCache::find_free_packed(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream) {
+  Block* block = best_free(pool, kind, size, stream);
+  if (block != nullptr && block->size != size && grows_expandable(pool) && stats_.pending_blocks.current > 0) {
+    poll_fences(/*close_batches=*/false);
+    block = best_free(pool, kind, size, stream);
+  }
+  if (block != nullptr && block->settled && block->stream != stream) ++stats_.cross_stream_reuse_settled;
+  return block;
 }
 
 // Policy `wait`: take the best-fitting owned block of another stream and make `stream` wait on the GPU
