@@ -65,6 +65,7 @@ class DeviceCache {
   DeviceCache(const DeviceCache&) = delete;
   DeviceCache& operator=(const DeviceCache&) = delete;
 
+  // Inline (below): the common case is the stream's shard alone; the rest is out of line.
   void* allocate(std::size_t requested, Stream stream);
   // Frees a live block of this device; false (nothing changed) when `ptr` is not live here. `stream`:
   // the free's stream, 0 when unknown; then `look_first` names the stream whose shard is tried first.
@@ -184,6 +185,10 @@ class DeviceCache {
   // Fast paths: nullptr / false when the call needs the device-locked path (which then decides).
   void* allocate_parked(StreamState& shard, std::size_t requested);
   bool free_to_shard(StreamState& shard, std::uintptr_t address, std::size_t size_hint);
+  // The device-locked paths of allocate and deallocate (device_cache_allocate.cpp, device_cache_free.cpp),
+  // apart from the inline fast paths so that these do not pay the big functions' frames.
+  void* allocate_locked(std::size_t requested, Stream stream);
+  bool deallocate_locked(std::uintptr_t address, std::size_t size_hint, Stream stream_hint);
   // Hand out a block parked in `shard`'s hot list (its lock held); shared by both paths.
   void hand_out_parked(StreamState& shard, Block* block, std::size_t requested);
   // A block enters or leaves its stream's shard (allocated, or parked in its hot list): device-locked
@@ -408,5 +413,29 @@ class DeviceCache {
   // Last: the debugging aids, out of the way of the fields the hot path reads. Null when all are off.
   std::unique_ptr<DebugAids> aids_;
 };
+
+inline void* DeviceCache::allocate(std::size_t requested, Stream stream) {
+  // The common path: the stream's own hot list, under its shard lock alone (device_cache_shards.cpp).
+  if (fast_path_.load(std::memory_order_relaxed)) {
+    if (StreamState* shard = shards_.find(stream)) {
+      if (void* ptr = allocate_parked(*shard, requested)) return ptr;
+    }
+  }
+  return allocate_locked(requested, stream);
+}
+
+inline bool DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hint, Stream look_first) {
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  // A free without a stream adds no use, so the block may go back to whichever shard holds it.
+  const Stream shard_stream = stream_hint != 0 ? stream_hint : look_first;
+  // The common path: a block of `shard_stream` without other uses goes back to its hot list, under
+  // the shard lock alone (device_cache_shards.cpp).
+  if (fast_path_.load(std::memory_order_relaxed)) {
+    if (StreamState* shard = shards_.find(shard_stream)) {
+      if (free_to_shard(*shard, address, size_hint)) return true;
+    }
+  }
+  return deallocate_locked(address, size_hint, stream_hint);
+}
 
 }  // namespace streamalloc
