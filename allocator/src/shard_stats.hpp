@@ -70,9 +70,9 @@ inline void for_each_unpark_raise(std::int64_t size, std::int64_t requested, F&&
 // Per stat and pool index (0 = all): what only the shard writes, under its lock. Its part of the
 // current value is allocated - freed (reset_accumulated_stats moves it to the device's part first).
 struct ShardStat {
-  std::int64_t headroom = 0;  // how far this shard may raise the stat without the device lock
   std::int64_t allocated = 0;
   std::int64_t freed = 0;
+  std::int64_t headroom = 0;  // how far this shard may raise the stat without the device lock
   std::int64_t current() const { return allocated - freed; }
 };
 
