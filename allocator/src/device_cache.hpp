@@ -337,18 +337,13 @@ class DeviceCache {
   // falls short, and what they lack too raises the peak.
   void draw_headroom(FastStat s, int p, std::int64_t amount);
   // Device-locked: gives `shard` enough headroom to take `block` from its hot list for `requested`
-  // bytes (account_unparked), from the device's headroom, every shard's, or by raising the peak.
+  // bytes (hand_out_parked's accounting), from the device's headroom, every shard's, or by raising the
+  // peak.
   void give_headroom_for_unpark(StreamState& shard, const Block* block, std::size_t requested);
   void account_allocated(const Block* block, std::size_t requested);  // handed out (and active)
   void account_freed(const Block* block);                             // no longer allocated
   void account_inactive(Block* block);  // no longer active: its requested bytes leave the stats
-  // Fast paths and device-locked code, `shard` locked: taken from its hot list (allocated; its headroom
-  // must cover it: unpark_covered), freed to it (freed, inactive, and an inactive split when
-  // park_covered). Only the shard's stats change.
-  static bool unpark_covered(const StreamState& shard, int pool, std::int64_t size, std::int64_t requested);
-  static bool park_covered(const StreamState& shard, const Block* block);
-  void account_parked(StreamState& shard, Block* block);
-  void account_unparked(StreamState& shard, Block* block, std::size_t requested);
+  // (A block taken from or parked in a hot list changes only its shard's stats: device_cache_shards.cpp.)
   // The device's stats with every shard's part added: the device lock and every shard lock held.
   DeviceStats stats_with_shards() const;
   std::int64_t allocated_bytes_now() const;  // device-locked; locks every shard
