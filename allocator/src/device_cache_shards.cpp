@@ -97,7 +97,8 @@ void DeviceCache::hand_out_parked(StreamState& shard, Block* block, std::size_t 
 
 bool DeviceCache::free_to_shard(StreamState& shard, std::uintptr_t address, std::size_t size_hint) {
   ShardGuard guard(shard);
-  Block* block = shard.live.find(address);
+  const LiveMap::Found live = shard.live.lookup(address);
+  Block* block = live.block;
   if (block == nullptr) return false;  // another stream's block, or a bad free
   if (size_hint != 0 && size_hint != block->requested) return false;
   if (!block->recorded_streams.empty() || block->segment->owner != &default_pool_ ||
@@ -105,7 +106,7 @@ bool DeviceCache::free_to_shard(StreamState& shard, std::uintptr_t address, std:
       !park_covered(shard.stats, block)) {
     return false;
   }
-  shard.live.erase(address);
+  shard.live.erase_at(live);
   account_parked(shard.stats, block);
   block->requested = 0;
   block->since = coarse_now();

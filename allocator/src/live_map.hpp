@@ -23,11 +23,19 @@ class LiveMap {
  public:
   LiveMap() : slots_(kInitialCapacity) {}
 
-  Block* find(std::uintptr_t address) const {
+  Block* find(std::uintptr_t address) const { return lookup(address).block; }
+
+  // Where `address` is: its block (nullptr when absent) and its slot, so that a caller that decides
+  // to erase it afterwards (erase_at) does not probe again.
+  struct Found {
+    Block* block;
+    std::size_t slot;
+  };
+  Found lookup(std::uintptr_t address) const {
     for (std::size_t i = home(address);; i = next(i)) {
       const Slot& slot = slots_[i];
-      if (slot.address == address) return slot.block;
-      if (slot.address == 0) return nullptr;
+      if (slot.address == address) return {slot.block, i};
+      if (slot.address == 0) return {nullptr, i};
     }
   }
 
@@ -40,11 +48,15 @@ class LiveMap {
 
   // Removes `address`; false when it was not in the table.
   bool erase(std::uintptr_t address) {
-    std::size_t i = home(address);
-    for (;; i = next(i)) {
-      if (slots_[i].address == address) break;
-      if (slots_[i].address == 0) return false;
-    }
+    const Found found = lookup(address);
+    if (found.block == nullptr) return false;
+    erase_at(found);
+    return true;
+  }
+
+  // Removes what lookup() found (with nothing inserted or erased since).
+  void erase_at(const Found& found) {
+    std::size_t i = found.slot;
     // Backward-shift deletion: move each later entry of the run into the hole when the hole lies
     // between that entry's home slot and its current slot, so every entry stays reachable from home.
     for (std::size_t j = next(i);; j = next(j)) {
@@ -58,7 +70,6 @@ class LiveMap {
     }
     slots_[i] = Slot{};
     --size_;
-    return true;
   }
 
   std::size_t size() const { return size_; }
