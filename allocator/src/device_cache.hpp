@@ -246,7 +246,8 @@ class DeviceCache {
   void make_available(Block* block);           // into the free lists, unless an aid holds it back
   void enter_free_lists(Block* block);         // settle if its fence completed, merge, index
   void settle(Block* block);                   // an owned block whose fence completed
-  Block* take_hot(StreamState& state, std::size_t size);  // an exact-size hot block, out of the list (still hot)
+  // An exact-size hot block, out of the list (still hot); both paths, `state`'s lock held.
+  static Block* take_hot(StreamState& state, std::size_t size) { return state.take_hot(size); }
   void flush_hot(StreamState& state, std::size_t keep);   // all but the `keep` newest into the free lists
   void flush_all_hot();
   void hold_back(Block* block);  // an aid takes it; blocks the aid lets go of enter the free lists

@@ -55,6 +55,18 @@ struct alignas(kCacheLine) StreamState {
   // stale value only sends it the long way round or into the lock for nothing.
   std::atomic<std::uint32_t> parked{0};
   void publish_hot() { parked.store(static_cast<std::uint32_t>(hot.size()), std::memory_order_relaxed); }
+  // The newest hot block of exactly `size` bytes, out of the list; nullptr when none. The block stays
+  // in the shard (still hot): handing it out makes it live there. Inline: every cached allocation.
+  Block* take_hot(std::size_t size) {
+    for (std::size_t i = hot.size(); i-- > 0;) {
+      Block* block = hot[i];
+      if (block->size != size) continue;
+      hot.erase(hot.begin() + static_cast<std::ptrdiff_t>(i));
+      publish_hot();
+      return block;
+    }
+    return nullptr;
+  }
   LiveMap live;            // the blocks allocated on this stream and not freed yet, by address
   ShardStats stats;        // this shard's part of the fast path's stats, and its headroom
   SettleList settle_list;  // device lock only
