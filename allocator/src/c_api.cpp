@@ -119,6 +119,16 @@ Allocator& instance() {
 
 streamalloc::Stream to_stream(streamalloc_stream_t stream) { return reinterpret_cast<streamalloc::Stream>(stream); }
 
+[[gnu::noinline]] void* malloc_with_errors(size_t size, int device, streamalloc_stream_t stream) {
+  void* ptr = nullptr;
+  to_last_error([&] { ptr = instance().allocate(size, device, to_stream(stream)); });
+  return ptr;
+}
+
+[[gnu::noinline]] void free_with_errors(void* ptr, size_t size, int device, streamalloc_stream_t stream) {
+  to_last_error([&] { instance().deallocate(ptr, size, device, to_stream(stream)); });
+}
+
 char* copy_string(const std::string& s) {
   char* out = static_cast<char*>(std::malloc(s.size() + 1));
   if (out != nullptr) std::memcpy(out, s.c_str(), s.size() + 1);
@@ -138,14 +148,21 @@ char* string_or_last_error(F&& make) {
 
 extern "C" {
 
+// The common case of malloc and free needs no frame for exceptions: with no earlier error to clear,
+// a block from (or back to) the stream's hot list is the whole call, and the Allocator's cached path
+// never throws. Everything else goes the full way, errors caught.
 void* streamalloc_malloc(size_t size, int device, streamalloc_stream_t stream) {
-  void* ptr = nullptr;
-  to_last_error([&] { ptr = instance().allocate(size, device, to_stream(stream)); });
-  return ptr;
+  Allocator* a = g_allocator.load(std::memory_order_acquire);
+  if (a != nullptr && t_last_code == 0) {
+    if (void* ptr = a->allocate_cached(size, device, to_stream(stream))) return ptr;
+  }
+  return malloc_with_errors(size, device, stream);
 }
 
 void streamalloc_free(void* ptr, size_t size, int device, streamalloc_stream_t stream) {
-  to_last_error([&] { instance().deallocate(ptr, size, device, to_stream(stream)); });
+  Allocator* a = g_allocator.load(std::memory_order_acquire);
+  if (a != nullptr && t_last_code == 0 && a->deallocate_cached(ptr, size, device, to_stream(stream))) return;
+  free_with_errors(ptr, size, device, stream);
 }
 
 void streamalloc_record_stream(void* ptr, streamalloc_stream_t stream) {

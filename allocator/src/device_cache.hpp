@@ -70,6 +70,10 @@ class DeviceCache {
   // Frees a live block of this device; false (nothing changed) when `ptr` is not live here. `stream`:
   // the free's stream, 0 when unknown; then `look_first` names the stream whose shard is tried first.
   bool deallocate(void* ptr, std::size_t size_hint, Stream stream, Stream look_first = 0);
+  // The common cases alone (the stream's shard, device_cache_shards.cpp): nullptr / false when the
+  // call needs allocate / deallocate, with nothing changed. Never throw: nothing on them allocates.
+  void* allocate_cached(std::size_t requested, Stream stream) noexcept;
+  bool deallocate_cached(void* ptr, std::size_t size_hint, Stream stream, Stream look_first = 0) noexcept;
   // Counts a rejected free and throws the error that says which mistake it was.
   [[noreturn]] void reject_free(const void* ptr);
   // Adds `stream` to a live block's uses; false (nothing changed, nothing counted) when `ptr` is not
@@ -410,28 +414,35 @@ class DeviceCache {
   std::unique_ptr<DebugAids> aids_;
 };
 
-inline void* DeviceCache::allocate(std::size_t requested, Stream stream) {
-  // The common path: the stream's own hot list, under its shard lock alone (device_cache_shards.cpp).
+inline void* DeviceCache::allocate_cached(std::size_t requested, Stream stream) noexcept {
+  // The stream's own hot list, under its shard lock alone.
   if (fast_path_.load(std::memory_order_relaxed)) {
-    if (StreamState* shard = shards_.find(stream)) {
-      if (void* ptr = allocate_parked(*shard, requested)) return ptr;
+    if (StreamState* shard = shards_.find(stream)) return allocate_parked(*shard, requested);
+  }
+  return nullptr;
+}
+
+inline bool DeviceCache::deallocate_cached(void* ptr, std::size_t size_hint, Stream stream_hint,
+                                           Stream look_first) noexcept {
+  // A free without a stream adds no use, so the block may go back to whichever shard holds it: a block
+  // of that shard's stream without other uses goes back to its hot list, under the shard lock alone.
+  const Stream shard_stream = stream_hint != 0 ? stream_hint : look_first;
+  if (fast_path_.load(std::memory_order_relaxed)) {
+    if (StreamState* shard = shards_.find(shard_stream)) {
+      return free_to_shard(*shard, reinterpret_cast<std::uintptr_t>(ptr), size_hint);
     }
   }
+  return false;
+}
+
+inline void* DeviceCache::allocate(std::size_t requested, Stream stream) {
+  if (void* ptr = allocate_cached(requested, stream)) return ptr;
   return allocate_locked(requested, stream);
 }
 
 inline bool DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hint, Stream look_first) {
-  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-  // A free without a stream adds no use, so the block may go back to whichever shard holds it.
-  const Stream shard_stream = stream_hint != 0 ? stream_hint : look_first;
-  // The common path: a block of `shard_stream` without other uses goes back to its hot list, under
-  // the shard lock alone (device_cache_shards.cpp).
-  if (fast_path_.load(std::memory_order_relaxed)) {
-    if (StreamState* shard = shards_.find(shard_stream)) {
-      if (free_to_shard(*shard, address, size_hint)) return true;
-    }
-  }
-  return deallocate_locked(address, size_hint, stream_hint);
+  if (deallocate_cached(ptr, size_hint, stream_hint, look_first)) return true;
+  return deallocate_locked(reinterpret_cast<std::uintptr_t>(ptr), size_hint, stream_hint);
 }
 
 }  // namespace streamalloc

@@ -70,6 +70,8 @@ void* DeviceCache::allocate_parked(StreamState& shard, std::size_t requested) {
   const std::size_t size = size_policy::round_size(requested, options_);
   if (size_policy::is_oversize(size, options_)) return nullptr;  // oversize counts are the device lock's
   ShardGuard guard(shard);
+  // A live table that must grow: the device-locked path grows it (the fast path allocates nothing).
+  if (!shard.live.has_room()) return nullptr;
   // A new peak, or headroom left elsewhere: the device-locked path gathers it.
   if (!unpark_covered(shard.stats, pool_index(size_policy::pool_for(size)), static_cast<std::int64_t>(size),
                       static_cast<std::int64_t>(requested))) {

@@ -39,9 +39,12 @@ class LiveMap {
     }
   }
 
+  // Whether one more insert fits without growing the table (the fast path, which must not allocate).
+  bool has_room() const { return 2 * (size_ + 1) <= slots_.size(); }
+
   // `address` must not be in the table (each address is live at most once).
   void insert(std::uintptr_t address, Block* block) {
-    if (2 * (size_ + 1) > slots_.size()) grow();  // at most half full: probe runs stay short
+    if (!has_room()) grow();  // at most half full: probe runs stay short
     place(address, block);
     ++size_;
   }

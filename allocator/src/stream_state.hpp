@@ -39,7 +39,9 @@ class SettleList {
 // either lock suffices to read it. Cache-line aligned: each stream's fast path writes only its own
 // shard, and no other shard's fields may share a line with it.
 struct alignas(kCacheLine) StreamState {
-  explicit StreamState(Stream stream) : fences(stream) {}
+  // The hot list's room is reserved once: the device-locked free pushes one block past kHotBlocks
+  // before it flushes, so the list never reallocates and the fast path's push never allocates.
+  explicit StreamState(Stream stream) : fences(stream) { hot.reserve(kHotBlocks + 1); }
   Stream stream() const { return fences.stream(); }
 
   // A spin lock: uncontended unless threads share the stream or a device-locked call holds it (then
