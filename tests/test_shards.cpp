@@ -319,6 +319,45 @@ TEST_F(Shards, FreesTheFastPathCannotFinishEndAsBefore) {
   ASSERT_NO_THROW(allocator_->validate());
 }
 
+// allocate_cached / deallocate_cached (what the C ABI tries first): they serve the stream's hot list
+// and nothing else, and a call they decline changes nothing, for the full call to decide.
+TEST_F(Shards, CachedCallsServeTheHotListAndDeclineWithoutChanges) {
+  Allocator& alloc = *allocator_;
+  const Stream a = streams_[0], b = streams_[1];
+  EXPECT_EQ(alloc.allocate_cached(4 * KiB, 0, a), nullptr) << "a stream never seen has no hot list";
+  // Two full rounds: the block is parked in a's hot list, and the shard holds the headroom to take it.
+  for (int round = 0; round < 2; ++round) alloc.deallocate(alloc.allocate(4 * KiB, 0, a), 4 * KiB, 0, a);
+
+  EXPECT_EQ(alloc.allocate_cached(8 * KiB, 0, a), nullptr) << "no hot block of that size";
+  EXPECT_EQ(alloc.allocate_cached(0, 0, a), nullptr);
+  EXPECT_EQ(alloc.allocate_cached(4 * KiB, 1, a), nullptr) << "no device 1";
+  EXPECT_EQ(alloc.stats(0).allocation[0].current, 0);
+  void* p = alloc.allocate_cached(4 * KiB, 0, a);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(alloc.stats(0).allocation[0].current, 1);
+  EXPECT_EQ(alloc.stats(0).requested_bytes[0].current, static_cast<std::int64_t>(4 * KiB));
+  ASSERT_NO_THROW(alloc.validate());
+
+  EXPECT_FALSE(alloc.deallocate_cached(p, 8 * KiB, 0, a)) << "a wrong size";
+  EXPECT_FALSE(alloc.deallocate_cached(p, 4 * KiB, 0, b)) << "another stream's shard";
+  EXPECT_FALSE(alloc.deallocate_cached(p, 4 * KiB, -1, a)) << "no device named";
+  EXPECT_FALSE(alloc.deallocate_cached(p, 4 * KiB, 1, a)) << "no device 1";
+  EXPECT_FALSE(alloc.deallocate_cached(nullptr, 0, 0, a));
+  EXPECT_EQ(alloc.stats(0).allocation[0].current, 1);
+  EXPECT_EQ(alloc.stats(0).invalid_frees, 0) << "a declined call counts nothing";
+  ASSERT_NO_THROW(alloc.validate());
+
+  EXPECT_TRUE(alloc.deallocate_cached(p, 4 * KiB, 0, a));
+  EXPECT_EQ(alloc.stats(0).allocation[0].current, 0);
+  EXPECT_EQ(alloc.stats(0).allocation[0].peak, 1);
+  ASSERT_NO_THROW(alloc.validate());
+  EXPECT_FALSE(alloc.deallocate_cached(p, 4 * KiB, 0, a)) << "a double free is the full call's to report";
+  EXPECT_THROW(alloc.deallocate(p, 4 * KiB, 0, a), Error);
+
+  alloc.shutdown();
+  EXPECT_EQ(alloc.allocate_cached(4 * KiB, 0, a), nullptr) << "after shutdown";
+}
+
 // Device-locked calls find a block through the index of shard blocks, whichever of many streams holds
 // it: record_stream from another stream, frees that name another stream or none, and double frees of
 // blocks parked in some stream's hot list.

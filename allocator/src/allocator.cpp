@@ -64,12 +64,12 @@ Allocator::~Allocator() { caches_.clear(); }
 int Allocator::device_count() const { return static_cast<int>(caches_.size()); }
 
 // Every call passes here: the checks are two tests, the errors out of line.
+bool Allocator::serves(int device) const {
+  return !internals_->shut_down.load(std::memory_order_relaxed) && static_cast<std::size_t>(device) < caches_.size();
+}
+
 DeviceCache& Allocator::cache(int device) const {
-  if (__builtin_expect(internals_->shut_down.load(std::memory_order_relaxed) ||
-                           static_cast<std::size_t>(device) >= caches_.size(),
-                       0)) {
-    refuse_device(device);
-  }
+  if (__builtin_expect(!serves(device), 0)) refuse_device(device);
   return *caches_[static_cast<std::size_t>(device)];
 }
 
@@ -98,6 +98,18 @@ void* Allocator::allocate(std::size_t size, int device, Stream stream) {
   void* ptr = c.allocate(size, stream);
   t_last_allocation = LastAllocation{this, device, stream};
   return ptr;
+}
+
+void* Allocator::allocate_cached(std::size_t size, int device, Stream stream) noexcept {
+  if (!serves(device) || size == 0) return nullptr;
+  void* ptr = caches_[static_cast<std::size_t>(device)]->allocate_cached(size, stream);
+  if (ptr != nullptr) t_last_allocation = LastAllocation{this, device, stream};
+  return ptr;
+}
+
+bool Allocator::deallocate_cached(void* ptr, std::size_t size, int device, Stream stream) noexcept {
+  return ptr != nullptr && device >= 0 && serves(device) &&
+         caches_[static_cast<std::size_t>(device)]->deallocate_cached(ptr, size, stream);
 }
 
 void Allocator::deallocate(void* ptr, std::size_t size, int device, Stream stream) {

@@ -22,15 +22,20 @@ using streamalloc::Allocator;
 using streamalloc::Error;
 using streamalloc::ErrorCode;
 
+// The allocator every hook uses, null until the first call creates it. At namespace scope, constant
+// initialised and trivially destroyed: each hook reads it with one load, where a function-local static
+// adds a guard test and a call. The allocator itself is never destroyed: PyTorch frees tensors during
+// static destruction at exit, after which a destroyed allocator would be a use-after-free.
+std::atomic<Allocator*> g_allocator{nullptr};
+
+// What creating, configuring and shutting down the allocator share, under `mutex`. Never destroyed,
+// like the allocator.
 struct Global {
   std::mutex mutex;
-  std::atomic<Allocator*> allocator{nullptr};
   // Set by streamalloc_configure() for the next allocator; unset: STREAMALLOC_CONF at first use.
   std::optional<streamalloc::Options> configured;
 };
 
-// Never destroyed: PyTorch frees tensors during static destruction at exit, after which a destroyed
-// allocator would be a use-after-free.
 Global& global() {
   static Global* g = new Global;
   return *g;
@@ -94,25 +99,35 @@ bool to_last_error(F&& body) {
 [[gnu::noinline, gnu::cold]] Allocator& create_instance() {
   Global& g = global();
   std::lock_guard<std::mutex> lock(g.mutex);
-  Allocator* a = g.allocator.load(std::memory_order_relaxed);
+  Allocator* a = g_allocator.load(std::memory_order_relaxed);
   if (a != nullptr) return *a;  // another thread created it meanwhile
   // The C ABI's one read of the environment, at the top of the stack, never by policy code.
   const streamalloc::Options options =
       g.configured ? *g.configured
                    : streamalloc::Options::parse(streamalloc::conf_from_environment(), streamalloc::kConfVariable);
   a = new Allocator(options, streamalloc::make_backend(options));
-  g.allocator.store(a, std::memory_order_release);
+  g_allocator.store(a, std::memory_order_release);
   g.configured.reset();
   return *a;
 }
 
 // Every hook's first step: one load once the allocator exists, the rest out of line.
 Allocator& instance() {
-  Allocator* a = global().allocator.load(std::memory_order_acquire);
+  Allocator* a = g_allocator.load(std::memory_order_acquire);
   return a != nullptr ? *a : create_instance();
 }
 
 streamalloc::Stream to_stream(streamalloc_stream_t stream) { return reinterpret_cast<streamalloc::Stream>(stream); }
+
+[[gnu::noinline]] void* malloc_with_errors(size_t size, int device, streamalloc_stream_t stream) {
+  void* ptr = nullptr;
+  to_last_error([&] { ptr = instance().allocate(size, device, to_stream(stream)); });
+  return ptr;
+}
+
+[[gnu::noinline]] void free_with_errors(void* ptr, size_t size, int device, streamalloc_stream_t stream) {
+  to_last_error([&] { instance().deallocate(ptr, size, device, to_stream(stream)); });
+}
 
 char* copy_string(const std::string& s) {
   char* out = static_cast<char*>(std::malloc(s.size() + 1));
@@ -133,14 +148,21 @@ char* string_or_last_error(F&& make) {
 
 extern "C" {
 
+// The common case of malloc and free needs no frame for exceptions: with no earlier error to clear,
+// a block from (or back to) the stream's hot list is the whole call, and the Allocator's cached path
+// never throws. Everything else goes the full way, errors caught.
 void* streamalloc_malloc(size_t size, int device, streamalloc_stream_t stream) {
-  void* ptr = nullptr;
-  to_last_error([&] { ptr = instance().allocate(size, device, to_stream(stream)); });
-  return ptr;
+  Allocator* a = g_allocator.load(std::memory_order_acquire);
+  if (a != nullptr && t_last_code == 0) {
+    if (void* ptr = a->allocate_cached(size, device, to_stream(stream))) return ptr;
+  }
+  return malloc_with_errors(size, device, stream);
 }
 
 void streamalloc_free(void* ptr, size_t size, int device, streamalloc_stream_t stream) {
-  to_last_error([&] { instance().deallocate(ptr, size, device, to_stream(stream)); });
+  Allocator* a = g_allocator.load(std::memory_order_acquire);
+  if (a != nullptr && t_last_code == 0 && a->deallocate_cached(ptr, size, device, to_stream(stream))) return;
+  free_with_errors(ptr, size, device, stream);
 }
 
 void streamalloc_record_stream(void* ptr, streamalloc_stream_t stream) {
@@ -201,7 +223,7 @@ int streamalloc_configure(const char* conf) {
     const streamalloc::Options options =
         streamalloc::Options::parse(conf ? conf : "", "the string passed to streamalloc_configure()");
     // Options in use, or set by an earlier call and waiting for first use, are fixed until a shutdown.
-    Allocator* current = g.allocator.load(std::memory_order_acquire);
+    Allocator* current = g_allocator.load(std::memory_order_acquire);
     if (current != nullptr && !current->is_shut_down()) {
       streamalloc::require_same_options(current->options(), options);
       return;
@@ -213,7 +235,7 @@ int streamalloc_configure(const char* conf) {
     // After a shutdown the old allocator stays alive (its live blocks may still be freed, and are
     // refused with a clear error); a new one serves new calls.
     g.configured = options;
-    g.allocator.store(nullptr, std::memory_order_release);
+    g_allocator.store(nullptr, std::memory_order_release);
   });
   return ok ? 0 : -1;
 }
@@ -229,14 +251,14 @@ void streamalloc_shutdown(void) {
   to_last_error([&] {
     Global& g = global();
     std::lock_guard<std::mutex> lock(g.mutex);
-    Allocator* a = g.allocator.load(std::memory_order_acquire);
+    Allocator* a = g_allocator.load(std::memory_order_acquire);
     if (a != nullptr) a->shutdown();
     g.configured.reset();
   });
 }
 
 int streamalloc_backend_is_cuda(void) {
-  Allocator* a = global().allocator.load(std::memory_order_acquire);
+  Allocator* a = g_allocator.load(std::memory_order_acquire);
   if (a == nullptr) return -1;
   return a->backend().name() == "cuda" ? 1 : 0;
 }

@@ -65,10 +65,15 @@ class DeviceCache {
   DeviceCache(const DeviceCache&) = delete;
   DeviceCache& operator=(const DeviceCache&) = delete;
 
+  // Inline (below): the common case is the stream's shard alone; the rest is out of line.
   void* allocate(std::size_t requested, Stream stream);
   // Frees a live block of this device; false (nothing changed) when `ptr` is not live here. `stream`:
   // the free's stream, 0 when unknown; then `look_first` names the stream whose shard is tried first.
   bool deallocate(void* ptr, std::size_t size_hint, Stream stream, Stream look_first = 0);
+  // The common cases alone (the stream's shard, device_cache_shards.cpp): nullptr / false when the
+  // call needs allocate / deallocate, with nothing changed. Never throw: nothing on them allocates.
+  void* allocate_cached(std::size_t requested, Stream stream) noexcept;
+  bool deallocate_cached(void* ptr, std::size_t size_hint, Stream stream, Stream look_first = 0) noexcept;
   // Counts a rejected free and throws the error that says which mistake it was.
   [[noreturn]] void reject_free(const void* ptr);
   // Adds `stream` to a live block's uses; false (nothing changed, nothing counted) when `ptr` is not
@@ -184,6 +189,10 @@ class DeviceCache {
   // Fast paths: nullptr / false when the call needs the device-locked path (which then decides).
   void* allocate_parked(StreamState& shard, std::size_t requested);
   bool free_to_shard(StreamState& shard, std::uintptr_t address, std::size_t size_hint);
+  // The device-locked paths of allocate and deallocate (device_cache_allocate.cpp, device_cache_free.cpp),
+  // apart from the inline fast paths so that these do not pay the big functions' frames.
+  void* allocate_locked(std::size_t requested, Stream stream);
+  bool deallocate_locked(std::uintptr_t address, std::size_t size_hint, Stream stream_hint);
   // Hand out a block parked in `shard`'s hot list (its lock held); shared by both paths.
   void hand_out_parked(StreamState& shard, Block* block, std::size_t requested);
   // A block enters or leaves its stream's shard (allocated, or parked in its hot list): device-locked
@@ -246,7 +255,8 @@ class DeviceCache {
   void make_available(Block* block);           // into the free lists, unless an aid holds it back
   void enter_free_lists(Block* block);         // settle if its fence completed, merge, index
   void settle(Block* block);                   // an owned block whose fence completed
-  Block* take_hot(StreamState& state, std::size_t size);  // an exact-size hot block, out of the list (still hot)
+  // An exact-size hot block, out of the list (still hot); both paths, `state`'s lock held.
+  static Block* take_hot(StreamState& state, std::size_t size) { return state.take_hot(size); }
   void flush_hot(StreamState& state, std::size_t keep);   // all but the `keep` newest into the free lists
   void flush_all_hot();
   void hold_back(Block* block);  // an aid takes it; blocks the aid lets go of enter the free lists
@@ -340,18 +350,13 @@ class DeviceCache {
   // falls short, and what they lack too raises the peak.
   void draw_headroom(FastStat s, int p, std::int64_t amount);
   // Device-locked: gives `shard` enough headroom to take `block` from its hot list for `requested`
-  // bytes (account_unparked), from the device's headroom, every shard's, or by raising the peak.
+  // bytes (hand_out_parked's accounting), from the device's headroom, every shard's, or by raising the
+  // peak.
   void give_headroom_for_unpark(StreamState& shard, const Block* block, std::size_t requested);
   void account_allocated(const Block* block, std::size_t requested);  // handed out (and active)
   void account_freed(const Block* block);                             // no longer allocated
   void account_inactive(Block* block);  // no longer active: its requested bytes leave the stats
-  // Fast paths and device-locked code, `shard` locked: taken from its hot list (allocated; its headroom
-  // must cover it: unpark_covered), freed to it (freed, inactive, and an inactive split when
-  // park_covered). Only the shard's stats change.
-  static bool unpark_covered(const StreamState& shard, int pool, std::int64_t size, std::int64_t requested);
-  static bool park_covered(const StreamState& shard, const Block* block);
-  void account_parked(StreamState& shard, Block* block);
-  void account_unparked(StreamState& shard, Block* block, std::size_t requested);
+  // (A block taken from or parked in a hot list changes only its shard's stats: device_cache_shards.cpp.)
   // The device's stats with every shard's part added: the device lock and every shard lock held.
   DeviceStats stats_with_shards() const;
   std::int64_t allocated_bytes_now() const;  // device-locked; locks every shard
@@ -419,5 +424,36 @@ class DeviceCache {
   // Last: the debugging aids, out of the way of the fields the hot path reads. Null when all are off.
   std::unique_ptr<DebugAids> aids_;
 };
+
+inline void* DeviceCache::allocate_cached(std::size_t requested, Stream stream) noexcept {
+  // The stream's own hot list, under its shard lock alone.
+  if (fast_path_.load(std::memory_order_relaxed)) {
+    if (StreamState* shard = shards_.find(stream)) return allocate_parked(*shard, requested);
+  }
+  return nullptr;
+}
+
+inline bool DeviceCache::deallocate_cached(void* ptr, std::size_t size_hint, Stream stream_hint,
+                                           Stream look_first) noexcept {
+  // A free without a stream adds no use, so the block may go back to whichever shard holds it: a block
+  // of that shard's stream without other uses goes back to its hot list, under the shard lock alone.
+  const Stream shard_stream = stream_hint != 0 ? stream_hint : look_first;
+  if (fast_path_.load(std::memory_order_relaxed)) {
+    if (StreamState* shard = shards_.find(shard_stream)) {
+      return free_to_shard(*shard, reinterpret_cast<std::uintptr_t>(ptr), size_hint);
+    }
+  }
+  return false;
+}
+
+inline void* DeviceCache::allocate(std::size_t requested, Stream stream) {
+  if (void* ptr = allocate_cached(requested, stream)) return ptr;
+  return allocate_locked(requested, stream);
+}
+
+inline bool DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hint, Stream look_first) {
+  if (deallocate_cached(ptr, size_hint, stream_hint, look_first)) return true;
+  return deallocate_locked(reinterpret_cast<std::uintptr_t>(ptr), size_hint, stream_hint);
+}
 
 }  // namespace streamalloc

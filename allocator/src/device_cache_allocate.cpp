@@ -46,13 +46,7 @@ std::string out_of_memory_head(const std::string& backend, int device, std::size
 }
 }  // namespace
 
-void* DeviceCache::allocate(std::size_t requested, Stream stream) {
-  // The common path: the stream's own hot list, under its shard lock alone (device_cache_shards.cpp).
-  if (fast_path_.load(std::memory_order_relaxed)) {
-    if (StreamState* shard = shards_.find(stream)) {
-      if (void* ptr = allocate_parked(*shard, requested)) return ptr;
-    }
-  }
+void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
   DeviceLock lock(*this);
   note_device_total();
   if (requested > kMaxRequest || requested > device_total_) throw_larger_than_device(requested, stream);

@@ -14,17 +14,7 @@ void DeviceCache::reject_free(const void* ptr) {
   throw_bad_free(ptr, "free");
 }
 
-bool DeviceCache::deallocate(void* ptr, std::size_t size_hint, Stream stream_hint, Stream look_first) {
-  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-  // A free without a stream adds no use, so the block may go back to whichever shard holds it.
-  const Stream shard_stream = stream_hint != 0 ? stream_hint : look_first;
-  // The common path: a block of `shard_stream` without other uses goes back to its hot list, under
-  // the shard lock alone (device_cache_shards.cpp).
-  if (fast_path_.load(std::memory_order_relaxed)) {
-    if (StreamState* shard = shards_.find(shard_stream)) {
-      if (free_to_shard(*shard, address, size_hint)) return true;
-    }
-  }
+bool DeviceCache::deallocate_locked(std::uintptr_t address, std::size_t size_hint, Stream stream_hint) {
   DeviceLock lock(*this);
   Block* block = find_live(address);
   if (block == nullptr) return false;

@@ -48,19 +48,6 @@ void DeviceCache::settle(Block* block) {
   insert_free(merge_free_neighbours(block));
 }
 
-// Both paths, `state`'s lock held. The block stays in the shard: hand_out_parked makes it live there.
-Block* DeviceCache::take_hot(StreamState& state, std::size_t size) {
-  auto& hot = state.hot;
-  for (std::size_t i = hot.size(); i-- > 0;) {
-    Block* block = hot[i];
-    if (block->size != size) continue;
-    hot.erase(hot.begin() + static_cast<std::ptrdiff_t>(i));
-    state.publish_hot();
-    return block;
-  }
-  return nullptr;
-}
-
 void DeviceCache::flush_hot(StreamState& state, std::size_t keep) {
   auto& hot = state.hot;
   if (hot.size() <= keep) return;

@@ -11,6 +11,57 @@
 
 namespace streamalloc {
 
+namespace {
+
+// The stats of both paths: the shard's alone (shard_stats.hpp), so that a fast path writes nothing
+// that another stream's fast path reads. The increases must be covered by the shard's headroom, which
+// the callers check before changing anything. File-local, so that each inlines into its one caller.
+
+bool unpark_covered(const ShardStats& stats, int pool, std::int64_t size, std::int64_t requested) {
+  bool covered = true;
+  for_each_unpark_raise(size, requested,
+                        [&](FastStat s, std::int64_t amount) { covered = covered && stats.covers(s, pool, amount); });
+  return covered;
+}
+
+bool park_covered(const ShardStats& stats, const Block* block) {
+  if (!block->split_in_shard || block->counted_inactive_split) return true;  // no inactive split to count
+  const int pool = pool_index(block->segment->pool);
+  return stats.covers(kInactiveSplit, pool, 1) &&
+         stats.covers(kInactiveSplitBytes, pool, static_cast<std::int64_t>(block->size));
+}
+
+// account_allocated, less the inactive split it was.
+void account_unparked(ShardStats& stats, Block* block, std::size_t requested) {
+  const int pool = pool_index(block->segment->pool);
+  const auto size = static_cast<std::int64_t>(block->size);
+  if (block->counted_inactive_split) {
+    block->counted_inactive_split = false;
+    stats.lower(kInactiveSplit, pool, 1);
+    stats.lower(kInactiveSplitBytes, pool, size);
+  }
+  for_each_unpark_raise(size, static_cast<std::int64_t>(requested),
+                        [&](FastStat s, std::int64_t amount) { stats.raise(s, pool, amount); });
+}
+
+// account_freed and account_inactive, plus the inactive split it becomes.
+void account_parked(ShardStats& stats, Block* block) {
+  const int pool = pool_index(block->segment->pool);
+  const auto size = static_cast<std::int64_t>(block->size);
+  stats.lower(kAllocation, pool, 1);
+  stats.lower(kAllocatedBytes, pool, size);
+  stats.lower(kRequestedBytes, pool, static_cast<std::int64_t>(block->requested));
+  stats.lower(kActive, pool, 1);
+  stats.lower(kActiveBytes, pool, size);
+  if (block->split_in_shard && !block->counted_inactive_split) {
+    block->counted_inactive_split = true;
+    stats.raise(kInactiveSplit, pool, 1);
+    stats.raise(kInactiveSplitBytes, pool, size);
+  }
+}
+
+}  // namespace
+
 void* DeviceCache::allocate_parked(StreamState& shard, std::size_t requested) {
   if (shard.parked.load(std::memory_order_relaxed) == 0) return nullptr;  // nothing parked: not even a look
   // Unknown device size, or a request larger than the device: the device-locked path reports it.
@@ -19,8 +70,10 @@ void* DeviceCache::allocate_parked(StreamState& shard, std::size_t requested) {
   const std::size_t size = size_policy::round_size(requested, options_);
   if (size_policy::is_oversize(size, options_)) return nullptr;  // oversize counts are the device lock's
   ShardGuard guard(shard);
+  // A live table that must grow: the device-locked path grows it (the fast path allocates nothing).
+  if (!shard.live.has_room()) return nullptr;
   // A new peak, or headroom left elsewhere: the device-locked path gathers it.
-  if (!unpark_covered(shard, pool_index(size_policy::pool_for(size)), static_cast<std::int64_t>(size),
+  if (!unpark_covered(shard.stats, pool_index(size_policy::pool_for(size)), static_cast<std::int64_t>(size),
                       static_cast<std::int64_t>(requested))) {
     return nullptr;
   }
@@ -38,7 +91,7 @@ void DeviceCache::hand_out_parked(StreamState& shard, Block* block, std::size_t 
   block->fences_left = 0;
   block->since = coarse_now();
   shard.live.insert(block->address, block);
-  account_unparked(shard, block, requested);
+  account_unparked(shard.stats, block, requested);
   if (size_policy::is_oversize(block->size, options_)) stats_.oversize_allocations.increase(1);  // device-locked only
   if (aids_ != nullptr) aids_->on_allocate(*block);
   if (trace_ != nullptr) trace_events::alloc(*trace_, device_, *block);  // device-locked only: tracing stops the fast path
@@ -46,16 +99,17 @@ void DeviceCache::hand_out_parked(StreamState& shard, Block* block, std::size_t 
 
 bool DeviceCache::free_to_shard(StreamState& shard, std::uintptr_t address, std::size_t size_hint) {
   ShardGuard guard(shard);
-  Block* block = shard.live.find(address);
+  const LiveMap::Found live = shard.live.lookup(address);
+  Block* block = live.block;
   if (block == nullptr) return false;  // another stream's block, or a bad free
   if (size_hint != 0 && size_hint != block->requested) return false;
   if (!block->recorded_streams.empty() || block->segment->owner != &default_pool_ ||
       size_policy::is_oversize(block->size, options_) || shard.hot.size() >= StreamState::kHotBlocks ||
-      !park_covered(shard, block)) {
+      !park_covered(shard.stats, block)) {
     return false;
   }
-  shard.live.erase(address);
-  account_parked(shard, block);
+  shard.live.erase_at(live);
+  account_parked(shard.stats, block);
   block->requested = 0;
   block->since = coarse_now();
   block->state = BlockState::kFree;
@@ -66,55 +120,6 @@ bool DeviceCache::free_to_shard(StreamState& shard, std::uintptr_t address, std:
   shard.hot.push_back(block);
   shard.publish_hot();
   return true;
-}
-
-// The stats of both: the shard's alone (shard_stats.hpp), so a fast path writes nothing that another
-// stream's fast path reads. The increases must be covered by the shard's headroom, which the callers
-// checked before changing anything.
-bool DeviceCache::unpark_covered(const StreamState& shard, int pool, std::int64_t size, std::int64_t requested) {
-  bool covered = true;
-  for_each_unpark_raise(size, requested, [&](FastStat s, std::int64_t amount) {
-    covered = covered && shard.stats.covers(s, pool, amount);
-  });
-  return covered;
-}
-
-bool DeviceCache::park_covered(const StreamState& shard, const Block* block) {
-  if (!block->split_in_shard || block->counted_inactive_split) return true;  // no inactive split to count
-  const int pool = pool_index(block->segment->pool);
-  return shard.stats.covers(kInactiveSplit, pool, 1) &&
-         shard.stats.covers(kInactiveSplitBytes, pool, static_cast<std::int64_t>(block->size));
-}
-
-// account_allocated, less the inactive split it was.
-void DeviceCache::account_unparked(StreamState& shard, Block* block, std::size_t requested) {
-  const int pool = pool_index(block->segment->pool);
-  const auto size = static_cast<std::int64_t>(block->size);
-  ShardStats& st = shard.stats;
-  if (block->counted_inactive_split) {
-    block->counted_inactive_split = false;
-    st.lower(kInactiveSplit, pool, 1);
-    st.lower(kInactiveSplitBytes, pool, size);
-  }
-  for_each_unpark_raise(size, static_cast<std::int64_t>(requested),
-                        [&](FastStat s, std::int64_t amount) { st.raise(s, pool, amount); });
-}
-
-// account_freed and account_inactive, plus the inactive split it becomes.
-void DeviceCache::account_parked(StreamState& shard, Block* block) {
-  const int pool = pool_index(block->segment->pool);
-  const auto size = static_cast<std::int64_t>(block->size);
-  ShardStats& st = shard.stats;
-  st.lower(kAllocation, pool, 1);
-  st.lower(kAllocatedBytes, pool, size);
-  st.lower(kRequestedBytes, pool, static_cast<std::int64_t>(block->requested));
-  st.lower(kActive, pool, 1);
-  st.lower(kActiveBytes, pool, size);
-  if (block->split_in_shard && !block->counted_inactive_split) {
-    block->counted_inactive_split = true;
-    st.raise(kInactiveSplit, pool, 1);
-    st.raise(kInactiveSplitBytes, pool, size);
-  }
 }
 
 }  // namespace streamalloc

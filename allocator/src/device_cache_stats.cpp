@@ -26,10 +26,11 @@ DeviceStats DeviceCache::stats_with_shards() const {
     for (int s = 0; s < kFastStats; ++s) {
       StatArray& total = sum.*kFastStatFields[static_cast<std::size_t>(s)];
       for (std::size_t p = 0; p < total.size(); ++p) {
-        const ShardStat& part = state->stats.stat[static_cast<std::size_t>(s)][p];
-        total[p].current += part.current();
-        total[p].allocated += part.allocated;
-        total[p].freed += part.freed;
+        const ShardStats& part = state->stats;
+        const auto i = static_cast<std::size_t>(s);
+        total[p].current += part.current(i, p);
+        total[p].allocated += part.allocated[i][p];
+        total[p].freed += part.freed[i][p];
       }
     }
   }
@@ -44,7 +45,7 @@ std::int64_t DeviceCache::gather_headroom(FastStat s, int p, std::int64_t needed
   for (const auto& [stream, state] : streams_) {
     if (device >= needed) break;
     lock_shard(*state);
-    std::int64_t& part = state->stats.stat[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)].headroom;
+    std::int64_t& part = state->stats.headroom[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
     const std::int64_t take = std::min(part, needed - device);
     device += take;
     part -= take;
@@ -89,7 +90,7 @@ void DeviceCache::give_headroom_for_unpark(StreamState& shard, const Block* bloc
   const int pool = pool_index(block->segment->pool);
   const auto give = [&](FastStat s, std::int64_t amount) {
     for (const int p : {0, pool}) {
-      std::int64_t& own = shard.stats.stat[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)].headroom;
+      std::int64_t& own = shard.stats.headroom[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
       if (own >= amount) continue;
       // The shard's own headroom is set aside meanwhile, so that the gathering does not count it twice.
       const std::int64_t lacking = amount - own;
@@ -130,7 +131,7 @@ void DeviceCache::reset_peak_stats() {
     for (std::size_t p = 0; p < stat.size(); ++p) stat[p].peak = (now.*kFastStatFields[static_cast<std::size_t>(s)])[p].current;
     headroom_[static_cast<std::size_t>(s)].fill(0);
     for (const auto& [stream, state] : streams_) {
-      for (ShardStat& part : state->stats.stat[static_cast<std::size_t>(s)]) part.headroom = 0;
+      state->stats.headroom[static_cast<std::size_t>(s)].fill(0);
     }
   }
 }
@@ -144,9 +145,10 @@ void DeviceCache::reset_accumulated_stats() {
     for (int s = 0; s < kFastStats; ++s) {
       StatArray& stat = stats_.*kFastStatFields[static_cast<std::size_t>(s)];
       for (std::size_t p = 0; p < stat.size(); ++p) {
-        ShardStat& part = state->stats.stat[static_cast<std::size_t>(s)][p];
-        stat[p].current += part.current();
-        part.allocated = part.freed = 0;
+        ShardStats& part = state->stats;
+        const auto i = static_cast<std::size_t>(s);
+        stat[p].current += part.current(i, p);
+        part.allocated[i][p] = part.freed[i][p] = 0;
       }
     }
   }

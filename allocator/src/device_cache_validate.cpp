@@ -294,7 +294,7 @@ void DeviceCache::validate() const {
       std::int64_t headroom = headroom_[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
       if (headroom < 0) broken(device_, name + ": the device's headroom is negative");
       for (const auto& [stream, state] : streams_) {
-        const std::int64_t part = state->stats.stat[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)].headroom;
+        const std::int64_t part = state->stats.headroom[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
         if (part < 0) broken(device_, name + fmt::format(": stream {:#x} has negative headroom", stream));
         headroom += part;
       }

@@ -23,28 +23,43 @@ class LiveMap {
  public:
   LiveMap() : slots_(kInitialCapacity) {}
 
-  Block* find(std::uintptr_t address) const {
+  Block* find(std::uintptr_t address) const { return lookup(address).block; }
+
+  // Where `address` is: its block (nullptr when absent) and its slot, so that a caller that decides
+  // to erase it afterwards (erase_at) does not probe again.
+  struct Found {
+    Block* block;
+    std::size_t slot;
+  };
+  Found lookup(std::uintptr_t address) const {
     for (std::size_t i = home(address);; i = next(i)) {
       const Slot& slot = slots_[i];
-      if (slot.address == address) return slot.block;
-      if (slot.address == 0) return nullptr;
+      if (slot.address == address) return {slot.block, i};
+      if (slot.address == 0) return {nullptr, i};
     }
   }
 
+  // Whether one more insert fits without growing the table (the fast path, which must not allocate).
+  bool has_room() const { return 2 * (size_ + 1) <= slots_.size(); }
+
   // `address` must not be in the table (each address is live at most once).
   void insert(std::uintptr_t address, Block* block) {
-    if (2 * (size_ + 1) > slots_.size()) grow();  // at most half full: probe runs stay short
+    if (!has_room()) grow();  // at most half full: probe runs stay short
     place(address, block);
     ++size_;
   }
 
   // Removes `address`; false when it was not in the table.
   bool erase(std::uintptr_t address) {
-    std::size_t i = home(address);
-    for (;; i = next(i)) {
-      if (slots_[i].address == address) break;
-      if (slots_[i].address == 0) return false;
-    }
+    const Found found = lookup(address);
+    if (found.block == nullptr) return false;
+    erase_at(found);
+    return true;
+  }
+
+  // Removes what lookup() found (with nothing inserted or erased since).
+  void erase_at(const Found& found) {
+    std::size_t i = found.slot;
     // Backward-shift deletion: move each later entry of the run into the hole when the hole lies
     // between that entry's home slot and its current slot, so every entry stays reachable from home.
     for (std::size_t j = next(i);; j = next(j)) {
@@ -58,7 +73,6 @@ class LiveMap {
     }
     slots_[i] = Slot{};
     --size_;
-    return true;
   }
 
   std::size_t size() const { return size_; }

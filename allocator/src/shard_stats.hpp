@@ -67,41 +67,40 @@ inline void for_each_unpark_raise(std::int64_t size, std::int64_t requested, F&&
   raise(kRequestedBytes, requested);
 }
 
-// Per stat and pool index (0 = all): what only the shard writes, under its lock. Its part of the
-// current value is allocated - freed (reset_accumulated_stats moves it to the device's part first).
-struct ShardStat {
-  std::int64_t headroom = 0;  // how far this shard may raise the stat without the device lock
-  std::int64_t allocated = 0;
-  std::int64_t freed = 0;
-  std::int64_t current() const { return allocated - freed; }
-};
-
+// Per stat and pool index (0 = all): what only the shard writes, under its lock. Its part of a stat's
+// current value is allocated - freed (reset_accumulated_stats moves it to the device's part first);
+// headroom is how far it may raise the stat without the device lock. One array per field: a raise or
+// a lower then writes cells that are not neighbours, which GCC updates with one add each, where fields
+// side by side (an array of {allocated, freed, headroom}) it paired in vector registers at three times
+// the instructions.
 struct ShardStats {
-  std::array<std::array<ShardStat, kPoolKinds>, kFastStats> stat{};
+  using Cells = std::array<std::array<std::int64_t, kPoolKinds>, kFastStats>;
+  Cells allocated{};
+  Cells freed{};
+  Cells headroom{};
 
+  std::int64_t current(std::size_t s, std::size_t p) const { return allocated[s][p] - freed[s][p]; }
   // Whether the headroom covers raising `s` by `amount`, in total and in `pool`.
   bool covers(FastStat s, int pool, std::int64_t amount) const {
-    const auto& st = stat[static_cast<std::size_t>(s)];
-    return st[0].headroom >= amount && st[static_cast<std::size_t>(pool)].headroom >= amount;
+    const auto& room = headroom[static_cast<std::size_t>(s)];
+    return room[0] >= amount && room[static_cast<std::size_t>(pool)] >= amount;
   }
   // Only after covers() said yes.
   void raise(FastStat s, int pool, std::int64_t amount) {
-    auto& st = stat[static_cast<std::size_t>(s)];
-    ShardStat& all = st[0];
-    ShardStat& in_pool = st[static_cast<std::size_t>(pool)];
-    all.allocated += amount;
-    all.headroom -= amount;
-    in_pool.allocated += amount;
-    in_pool.headroom -= amount;
+    const auto i = static_cast<std::size_t>(s);
+    const auto p = static_cast<std::size_t>(pool);
+    allocated[i][0] += amount;
+    headroom[i][0] -= amount;
+    allocated[i][p] += amount;
+    headroom[i][p] -= amount;
   }
   void lower(FastStat s, int pool, std::int64_t amount) {
-    auto& st = stat[static_cast<std::size_t>(s)];
-    ShardStat& all = st[0];
-    ShardStat& in_pool = st[static_cast<std::size_t>(pool)];
-    all.freed += amount;
-    all.headroom += amount;
-    in_pool.freed += amount;
-    in_pool.headroom += amount;
+    const auto i = static_cast<std::size_t>(s);
+    const auto p = static_cast<std::size_t>(pool);
+    freed[i][0] += amount;
+    headroom[i][0] += amount;
+    freed[i][p] += amount;
+    headroom[i][p] += amount;
   }
 };
 

@@ -27,16 +27,8 @@ std::size_t round_to_power2_division(std::size_t size, std::size_t divisions) {
 
 }  // namespace
 
-std::size_t round_size(std::size_t requested, const Options& options) {
-  if (requested < kMinBlockSize) return kMinBlockSize;
-  if (options.roundup_power2_divisions > 1 && requested > kMinBlockSize) {
-    return round_up(round_to_power2_division(requested, options.roundup_power2_divisions), kMinBlockSize);
-  }
-  return round_up(requested, kMinBlockSize);
-}
-
-PoolKind pool_for(std::size_t rounded) {
-  return rounded <= kSmallSize ? PoolKind::kSmall : PoolKind::kLarge;
+std::size_t round_size_in_divisions(std::size_t requested, std::size_t divisions) {
+  return round_up(round_to_power2_division(requested, divisions), kMinBlockSize);
 }
 
 std::size_t segment_size_for(std::size_t rounded) {

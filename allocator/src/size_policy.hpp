@@ -22,9 +22,19 @@ inline bool is_oversize(std::size_t size, const Options& options) {
   return options.max_split_size_bytes != 0 && size >= options.max_split_size_bytes;
 }
 
+// round_size with power-of-two divisions, for requests above kMinBlockSize.
+std::size_t round_size_in_divisions(std::size_t requested, std::size_t divisions);
+
 // The size a request occupies: 512-byte multiples, or PyTorch's power-of-two divisions when enabled.
-std::size_t round_size(std::size_t requested, const Options& options);
-PoolKind pool_for(std::size_t rounded);
+// Inline, with pool_for: every cached allocation asks.
+inline std::size_t round_size(std::size_t requested, const Options& options) {
+  if (requested < kMinBlockSize) return kMinBlockSize;
+  if (options.roundup_power2_divisions > 1 && requested > kMinBlockSize) {
+    return round_size_in_divisions(requested, options.roundup_power2_divisions);
+  }
+  return (requested + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
+}
+inline PoolKind pool_for(std::size_t rounded) { return rounded <= kSmallSize ? PoolKind::kSmall : PoolKind::kLarge; }
 // Bytes to reserve from the device for a block of `rounded` bytes.
 std::size_t segment_size_for(std::size_t rounded);
 // Whether a free block of `block_size` may serve a request of `rounded` bytes (max_split_size rules).

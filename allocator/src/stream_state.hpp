@@ -39,7 +39,9 @@ class SettleList {
 // either lock suffices to read it. Cache-line aligned: each stream's fast path writes only its own
 // shard, and no other shard's fields may share a line with it.
 struct alignas(kCacheLine) StreamState {
-  explicit StreamState(Stream stream) : fences(stream) {}
+  // The hot list's room is reserved once: the device-locked free pushes one block past kHotBlocks
+  // before it flushes, so the list never reallocates and the fast path's push never allocates.
+  explicit StreamState(Stream stream) : fences(stream) { hot.reserve(kHotBlocks + 1); }
   Stream stream() const { return fences.stream(); }
 
   // A spin lock: uncontended unless threads share the stream or a device-locked call holds it (then
@@ -55,6 +57,18 @@ struct alignas(kCacheLine) StreamState {
   // stale value only sends it the long way round or into the lock for nothing.
   std::atomic<std::uint32_t> parked{0};
   void publish_hot() { parked.store(static_cast<std::uint32_t>(hot.size()), std::memory_order_relaxed); }
+  // The newest hot block of exactly `size` bytes, out of the list; nullptr when none. The block stays
+  // in the shard (still hot): handing it out makes it live there. Inline: every cached allocation.
+  Block* take_hot(std::size_t size) {
+    for (std::size_t i = hot.size(); i-- > 0;) {
+      Block* block = hot[i];
+      if (block->size != size) continue;
+      hot.erase(hot.begin() + static_cast<std::ptrdiff_t>(i));
+      publish_hot();
+      return block;
+    }
+    return nullptr;
+  }
   LiveMap live;            // the blocks allocated on this stream and not freed yet, by address
   ShardStats stats;        // this shard's part of the fast path's stats, and its headroom
   SettleList settle_list;  // device lock only

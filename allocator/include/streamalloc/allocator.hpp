@@ -49,6 +49,12 @@ class Allocator {
   // device, and then changes nothing. A `stream` other than the allocation stream is treated as one
   // more stream the block was used on; 0 adds no use. nullptr is a no-op.
   void deallocate(void* ptr, std::size_t size = 0, int device = -1, Stream stream = 0);
+  // The common cases alone, for callers that turn exceptions into error codes (the C ABI) and so pay
+  // for a frame around allocate and deallocate: a block from `stream`'s own cache of recently freed
+  // blocks, a block freed back to it (the device named). nullptr / false when the call needs allocate
+  // / deallocate, which then decide and report any error; nothing changes then. Never throws.
+  void* allocate_cached(std::size_t size, int device, Stream stream) noexcept;
+  bool deallocate_cached(void* ptr, std::size_t size, int device, Stream stream) noexcept;
   // Never throws for misuse: calls on the allocation stream, repeated calls and calls on pointers that
   // are not live are counted in the stream stats (and reported by the audit). Throws only when the
   // stream belongs to another device than the block (kInvalidArgument).
@@ -158,6 +164,7 @@ class Allocator {
 
  private:
   DeviceCache& cache(int device) const;
+  bool serves(int device) const;  // not shut down, and `device` exists
   [[noreturn, gnu::noinline, gnu::cold]] void refuse_device(int device) const;  // shut down, or no such device
   int find_device(const void* ptr, int hint) const;
 
