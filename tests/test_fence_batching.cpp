@@ -41,37 +41,65 @@ TEST(FenceBatching, ACrossStreamLoopOfMegabyteBlocksDoesNotFenceTheProducerAtEve
   s.a().validate();
 }
 
+// What the two tests below do on one stream: free a block of its own (it joins the stream's open batch),
+// and allocate a large block no cached block fits (a miss; each is kept, so each later one misses
+// too). Neither depends on how fast the machine runs the 20 us window of cross-stream frees or the
+// coarse clock's poll; only the 1 ms interval is time, and a run slower than it is skipped.
+struct OwnMisses {
+  SimSetup& s;
+  Stream stream;
+  std::vector<void*> kept;
+  void free_own_block() { s.a().deallocate(s.a().allocate(4 * KiB, 0, stream), 4 * KiB, 0, stream); }
+  void miss() { kept.push_back(s.a().allocate(12 * MiB, 0, stream)); }
+  void finish() {
+    for (void* p : kept) s.a().deallocate(p, 12 * MiB, 0, stream);
+    s.sim->synchronize_stream(0, stream);
+    s.a().process_fences();
+    s.a().validate();
+  }
+};
+using Since = std::chrono::steady_clock;
+
 // The deferral is bounded: a miss fences its own stream's batch once the stream's newest fence is
 // older than the interval (1 ms), so its free blocks still settle for other streams.
 TEST(FenceBatching, AMissFencesItsOwnBatchOnceTheIntervalHasPassed) {
   SimSetup s("");
-  const Stream producer = s.sim->create_stream();
-  const Stream consumer = s.sim->create_stream();
-  for (int i = 0; i < 10 && s.sim->queued_items(0, producer) == 0; ++i) cross_stream_pair(s, producer, consumer);
-  ASSERT_EQ(s.sim->queued_items(0, producer), 1u) << "the first miss fences: the stream had no fence yet";
-  for (int i = 0; i < 6; ++i) cross_stream_pair(s, producer, consumer);  // three misses or more
-  EXPECT_EQ(s.sim->queued_items(0, producer), 1u) << "misses right after it do not";
+  OwnMisses own{s, s.sim->create_stream(), {}};
+  const auto first = Since::now();
+  own.free_own_block();
+  own.miss();
+  ASSERT_EQ(s.sim->queued_items(0, own.stream), 1u) << "the first miss fences: the stream had no fence yet";
+  own.free_own_block();
+  own.miss();
+  if (Since::now() - first >= std::chrono::milliseconds(1)) {
+    GTEST_SKIP() << "two misses took longer than the 1 ms interval on this machine";
+  }
+  EXPECT_EQ(s.sim->queued_items(0, own.stream), 1u) << "a miss right after it does not";
   std::this_thread::sleep_for(std::chrono::milliseconds(3));
-  for (int i = 0; i < 4; ++i) cross_stream_pair(s, producer, consumer);
-  EXPECT_EQ(s.sim->queued_items(0, producer), 2u) << "the first miss after the interval does, the next do not";
-  s.sim->synchronize_stream(0, producer);
-  s.a().process_fences();
-  s.a().validate();
+  own.free_own_block();
+  own.miss();
+  EXPECT_EQ(s.sim->queued_items(0, own.stream), 2u) << "the first miss after the interval does";
+  own.finish();
 }
 
 // Another stream's miss fences the batch a stream's own misses left open: its blocks settle for others.
 TEST(FenceBatching, AnotherStreamsMissFencesTheDeferredBatch) {
   SimSetup s("");
-  const Stream producer = s.sim->create_stream();
-  const Stream consumer = s.sim->create_stream();
+  OwnMisses own{s, s.sim->create_stream(), {}};
   const Stream other = s.sim->create_stream();
-  for (int i = 0; i < 10 && s.sim->queued_items(0, producer) == 0; ++i) cross_stream_pair(s, producer, consumer);
-  for (int i = 0; i < 2; ++i) cross_stream_pair(s, producer, consumer);  // their blocks join the open batch
-  ASSERT_EQ(s.sim->queued_items(0, producer), 1u) << "the producer's misses left its batch open";
-  void* p = s.a().allocate(kMegabyte, 0, other);  // misses: the producer's free blocks are not settled
-  EXPECT_EQ(s.sim->queued_items(0, producer), 2u) << "the other stream's miss fenced the producer's batch";
-  s.a().deallocate(p, kMegabyte, 0, other);
-  s.a().validate();
+  const auto first = Since::now();
+  own.free_own_block();
+  own.miss();  // fenced: the first
+  own.free_own_block();
+  own.miss();  // its batch stays open
+  if (Since::now() - first >= std::chrono::milliseconds(1)) {
+    GTEST_SKIP() << "two misses took longer than the 1 ms interval on this machine";
+  }
+  ASSERT_EQ(s.sim->queued_items(0, own.stream), 1u) << "the stream's second miss left its batch open";
+  void* p = s.a().allocate(12 * MiB, 0, other);  // misses: the stream's free blocks are not settled
+  EXPECT_EQ(s.sim->queued_items(0, own.stream), 2u) << "the other stream's miss fenced the open batch";
+  s.a().deallocate(p, 12 * MiB, 0, other);
+  own.finish();
 }
 
 // Only a batch of the missing stream's own free blocks waits: one with a block of another stream
