@@ -227,6 +227,8 @@ class DeviceCache {
   Block* find_free(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream);
   // find_free's choice without counting it (cross_stream_reuse_settled counts only what is taken).
   Block* best_free(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream);
+  // Counts the choice of a find: a settled block of another stream is a cross-stream reuse.
+  Block* count_reuse(Block* block, Stream stream);
   // The first best fit of an allocation; in an expandable segment a fit that would carve a larger block
   // while blocks are pending looks again after a poll (device_cache_allocate.cpp says why).
   Block* find_free_packed(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream);
@@ -315,8 +317,8 @@ class DeviceCache {
     return expandable_page_bytes_ != 0 && &pool == &default_pool_;
   }
   // Grows the segment of (stream, kind) at its end by whole pages, mapped as one physical allocation,
-  // or starts one, so that a free block of at least `size` bytes that
-  // `stream` may take is in the free lists; returns it, or nullptr when the memory cap or the device
+  // or starts one, so that a free block of at least `size` bytes that `stream` may take is in the free
+  // lists; returns it, or nullptr when the memory cap or the device
   // refuses (nothing stays mapped for it then).
   Block* grow_expandable(PoolKind kind, std::size_t size, Stream stream);
   // Unmaps the whole pieces (physical allocations) inside the free blocks of an expandable segment;

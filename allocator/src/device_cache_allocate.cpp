@@ -116,10 +116,13 @@ Block* DeviceCache::best_free(MemoryPool& pool, PoolKind kind, std::size_t size,
   return settled;
 }
 
-Block* DeviceCache::find_free(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream) {
-  Block* block = best_free(pool, kind, size, stream);
+Block* DeviceCache::count_reuse(Block* block, Stream stream) {
   if (block != nullptr && block->settled && block->stream != stream) ++stats_.cross_stream_reuse_settled;
   return block;
+}
+
+Block* DeviceCache::find_free(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream) {
+  return count_reuse(best_free(pool, kind, size, stream), stream);
 }
 
 // Expandable segments pack tighter when a pending block whose fences have completed comes back before
@@ -136,8 +139,7 @@ Block* DeviceCache::find_free_packed(MemoryPool& pool, PoolKind kind, std::size_
     poll_fences(/*close_batches=*/false);
     block = best_free(pool, kind, size, stream);
   }
-  if (block != nullptr && block->settled && block->stream != stream) ++stats_.cross_stream_reuse_settled;
-  return block;
+  return count_reuse(block, stream);
 }
 
 // Policy `wait`: take the best-fitting owned block of another stream and make `stream` wait on the GPU

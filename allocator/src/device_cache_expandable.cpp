@@ -3,9 +3,10 @@
 // one segment per (stream, size class): a reserved address range whose blocks cover exactly its mapped
 // pieces. When no cached block serves an allocation, the stream's segment grows after its last block by
 // whole pages, mapped as one physical allocation (a piece): that block grows when the stream may take
-// it, else the new pages are a block of their own. Blocks inside split, merge, settle and go pending exactly as in fixed segments. The
-// whole pieces inside free blocks are unmapped by empty_cache(), the memory cap and the OOM path
-// (release_free_segments), and a segment with nothing left mapped gives its range back.
+// it, else the new pages are a block of their own. Blocks inside split, merge, settle and go pending
+// exactly as in fixed segments. The whole pieces inside free blocks are unmapped by empty_cache(), the
+// memory cap and the OOM path (release_free_segments), and a segment with nothing left mapped gives
+// its range back.
 #include <algorithm>
 #include <atomic>
 #include <iterator>
@@ -15,14 +16,11 @@
 
 #include "device_cache.hpp"
 #include "logging.hpp"
+#include "size_policy.hpp"
 
 namespace streamalloc {
-namespace {
 
-std::size_t round_up(std::size_t bytes, std::size_t page) { return (bytes + page - 1) / page * page; }
-
-
-}  // namespace
+using size_policy::round_up;
 
 void DeviceCache::set_up_expandable_segments() {
   if (!options_.expandable_segments) return;

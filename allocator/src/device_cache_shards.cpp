@@ -44,15 +44,13 @@ void account_unparked(ShardStats& stats, Block* block, std::size_t requested) {
                         [&](FastStat s, std::int64_t amount) { stats.raise(s, pool, amount); });
 }
 
-// account_freed and account_inactive, plus the inactive split it becomes.
+// account_freed and account_inactive (what taking it from the hot list raised), plus the inactive split
+// it becomes.
 void account_parked(ShardStats& stats, Block* block) {
   const int pool = pool_index(block->segment->pool);
   const auto size = static_cast<std::int64_t>(block->size);
-  stats.lower(kAllocation, pool, 1);
-  stats.lower(kAllocatedBytes, pool, size);
-  stats.lower(kRequestedBytes, pool, static_cast<std::int64_t>(block->requested));
-  stats.lower(kActive, pool, 1);
-  stats.lower(kActiveBytes, pool, size);
+  for_each_unpark_raise(size, static_cast<std::int64_t>(block->requested),
+                        [&](FastStat s, std::int64_t amount) { stats.lower(s, pool, amount); });
   if (block->split_in_shard && !block->counted_inactive_split) {
     block->counted_inactive_split = true;
     stats.raise(kInactiveSplit, pool, 1);

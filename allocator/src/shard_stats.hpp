@@ -14,8 +14,9 @@
 // never pass the peak. A fast path whose headroom does not cover its increase goes to the device-locked
 // path, which takes what is missing from the device's headroom, then from the shards' one by one, and
 // raises the peak only by what is still missing once every shard has given all (each locked): the peak
-// moves only when the device's current would pass it, with every shard still, to exactly that current. So the peak is the largest value the aggregate took, and the fast
-// path writes nothing outside its shard.
+// moves only when the device's current would pass it, with every shard still, to exactly that
+// current. So the peak is the largest value the aggregate took, and the fast path writes nothing
+// outside its shard.
 #pragma once
 
 #include <array>

@@ -3,10 +3,6 @@
 namespace streamalloc::size_policy {
 namespace {
 
-std::size_t round_up(std::size_t value, std::size_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
-
 bool is_power_of_two(std::size_t value) { return value != 0 && (value & (value - 1)) == 0; }
 
 std::size_t floor_power_of_two(std::size_t value) {

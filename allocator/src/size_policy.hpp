@@ -22,6 +22,11 @@ inline bool is_oversize(std::size_t size, const Options& options) {
   return options.max_split_size_bytes != 0 && size >= options.max_split_size_bytes;
 }
 
+// `value` rounded up to a multiple of `multiple` (> 0).
+inline std::size_t round_up(std::size_t value, std::size_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
 // round_size with power-of-two divisions, for requests above kMinBlockSize.
 std::size_t round_size_in_divisions(std::size_t requested, std::size_t divisions);
 
@@ -32,7 +37,7 @@ inline std::size_t round_size(std::size_t requested, const Options& options) {
   if (options.roundup_power2_divisions > 1 && requested > kMinBlockSize) {
     return round_size_in_divisions(requested, options.roundup_power2_divisions);
   }
-  return (requested + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
+  return round_up(requested, kMinBlockSize);
 }
 inline PoolKind pool_for(std::size_t rounded) { return rounded <= kSmallSize ? PoolKind::kSmall : PoolKind::kLarge; }
 // Bytes to reserve from the device for a block of `rounded` bytes.
