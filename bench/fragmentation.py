@@ -362,6 +362,15 @@ def run_child(spec: dict) -> dict:
     unavailable = enable_allocator(allocator, spec["conf"])
     if unavailable:
         return {"unavailable": unavailable}
+    if allocator.startswith("streamalloc") and spec.get("cap_gib"):
+        import streamalloc
+
+        if streamalloc.active_path() != "extension":
+            # Through PyTorch's Python CUDAPluggableAllocator an allocation that does not fit is a null
+            # pointer, not torch.OutOfMemoryError (docs/pytorch.md): a trial there cannot tell "does
+            # not fit" from a crash later on.
+            return {"unavailable": "max-batch needs streamalloc's torch extension (the C ABI path reports "
+                                   "out of memory as a null pointer); build the _torch_ext target"}
     if spec.get("cap_gib"):
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, spec["cap_gib"] * GIB / total), 0)

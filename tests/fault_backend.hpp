@@ -85,6 +85,11 @@ class FaultBackend final : public Backend {
     trip(vm_countdown_, VmOp::kUnmapPages, "unmap_pages");
     inner_->unmap_pages(device, at, bytes);
   }
+  // Forwarded, never failed: it takes back what a growth mapped after a later map of the same growth
+  // failed or was refused, and a fault there would be a second one on top of that.
+  void unmap_unused_pages(int device, void* at, std::size_t bytes) override {
+    inner_->unmap_unused_pages(device, at, bytes);
+  }
   void release_address_range(int device, void* base, std::size_t bytes) override {
     trip(vm_countdown_, VmOp::kReleaseAddressRange, "release_address_range");
     inner_->release_address_range(device, base, bytes);

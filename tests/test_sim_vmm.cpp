@@ -149,6 +149,8 @@ TEST(SimVmm, UnmappingPartOfAMappingIsAnErrorAndChangesNothing) {
                                       std::pair{std::size_t{0}, 4 * kPage},  // it, and half of the next
                                       std::pair{3 * kPage, kPage}}) {    // the first half of the second
     expect_backend_error([&] { sim.unmap_pages(0, at(base, offset), bytes); }, {"unmap_pages", "cut the mapping at"});
+    expect_backend_error([&] { sim.unmap_unused_pages(0, at(base, offset), bytes); },
+                         {"unmap_unused_pages", "cut the mapping at", "unmapped whole"});
     EXPECT_TRUE(view(sim) == before) << "offset " << offset << ", " << bytes << " bytes";
   }
   expect_backend_error([&] { sim.unmap_pages(0, at(base, kPage), kPage); }, {std::string("the mapping at ") + first});
@@ -160,6 +162,32 @@ TEST(SimVmm, UnmappingPartOfAMappingIsAnErrorAndChangesNothing) {
   sim.validate();
   sim.unmap_pages(0, base, 5 * kPage);
   sim.release_address_range(0, base, 16 * MiB);
+  sim.validate();
+}
+
+// unmap_unused_pages takes back fresh mappings without waiting for any stream, also during a capture,
+// where unmap_pages is refused; it counts its mappings as released like unmap_pages.
+TEST(SimVmm, UnmapUnusedPagesNeitherWaitsNorIsRefusedDuringACapture) {
+  SimBackend sim(vm_config(64 * MiB, SimBackend::Mode::kManual));
+  const Stream busy = sim.create_stream();
+  const Stream capturing = sim.create_stream();
+  void* base = sim.reserve_address_range(0, 16 * MiB);
+  ASSERT_NE(base, nullptr);
+  sim.enqueue(0, busy, [] {});
+  sim.set_capturing(0, capturing, true);
+  ASSERT_TRUE(sim.map_pages(0, base, kPage));
+  ASSERT_TRUE(sim.map_pages(0, at(base, kPage), 3 * kPage));
+  sim.unmap_unused_pages(0, base, 4 * kPage);
+  EXPECT_EQ(sim.queued_items(0, busy), 1u) << "nothing waited for the busy stream";
+  EXPECT_EQ(sim.mapped_bytes(0), 0u);
+  EXPECT_EQ(sim.mappings(0), 0u);
+  EXPECT_EQ(sim.counters().capture_violations, 0u);
+  EXPECT_EQ(sim.counters().unused_page_unmaps, 1u);
+  EXPECT_EQ(sim.counters().physical_allocations_released, 2u);
+  expect_backend_error([&] { sim.unmap_unused_pages(0, base, kPage); }, {"unmap_unused_pages", "is not mapped"});
+  sim.set_capturing(0, capturing, false);
+  sim.release_address_range(0, base, 16 * MiB);
+  sim.synchronize_all();
   sim.validate();
 }
 
@@ -440,6 +468,7 @@ TEST(SimVmm, DeviceWithoutVirtualMemorySaysSo) {
   int local = 0;
   expect_backend_error([&] { sim.map_pages(0, &local, kPage); }, {"map_pages", "not supported"});
   expect_backend_error([&] { sim.unmap_pages(0, &local, kPage); }, {"unmap_pages", "not supported"});
+  expect_backend_error([&] { sim.unmap_unused_pages(0, &local, kPage); }, {"unmap_unused_pages", "not supported"});
   expect_backend_error([&] { sim.release_address_range(0, &local, kPage); }, {"release_address_range", "not supported"});
 }
 
@@ -471,6 +500,7 @@ TEST(SimVmm, BackendDefaultsSayNotSupported) {
   expect_backend_error([&] { backend.reserve_address_range(0, kPage); }, {"reserve_address_range", "not supported"});
   expect_backend_error([&] { backend.map_pages(0, &local, kPage); }, {"map_pages", "not supported"});
   expect_backend_error([&] { backend.unmap_pages(0, &local, kPage); }, {"unmap_pages", "not supported"});
+  expect_backend_error([&] { backend.unmap_unused_pages(0, &local, kPage); }, {"unmap_unused_pages", "not supported"});
   expect_backend_error([&] { backend.release_address_range(0, &local, kPage); }, {"release_address_range"});
 }
 

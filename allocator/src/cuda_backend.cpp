@@ -429,19 +429,36 @@ class CudaBackend final : public Backend {
     return true;
   }
 
-  // Unmaps and releases each whole mapping of [at, at + bytes), after waiting for the device: cuMemUnmap
-  // and cuMemRelease do not wait for work still using the memory (PyTorch synchronizes before them
-  // too), and waiting, as cudaFree does, keeps release()'s contract: work enqueued before the call
-  // still finds its memory.
-  void unmap_pages(int device, void* at, std::size_t bytes) override {
-    const char* call = "unmap_pages";
+  void unmap_pages(int device, void* at, std::size_t bytes) override { unmap(device, at, bytes, true); }
+  void unmap_unused_pages(int device, void* at, std::size_t bytes) override { unmap(device, at, bytes, false); }
+
+  void release_address_range(int device, void* base, std::size_t bytes) override {
+    DeviceVm& vm = vm_of(device, "release_address_range");
+    std::lock_guard<std::mutex> lock(vm.mutex);
+    AddressRanges& ranges = ranges_of(vm, device, "release_address_range");
+    const auto address = reinterpret_cast<CUdeviceptr>(base);
+    ranges.check_release(address, bytes, vm_call("release_address_range", device, base, bytes));
+    DeviceGuard guard(device, true);
+    RelaxedCaptureMode relaxed;  // nothing is mapped, no stream work
+    check_driver(DriverVm::get().address_free(address, bytes), "cuMemAddressFree", device);
+    ranges.remove_range(address);
+  }
+
+ private:
+  // Unmaps and releases each whole mapping of [at, at + bytes). `synchronize`: wait for the device
+  // first, as cuMemUnmap and cuMemRelease do not wait for work still using the memory (PyTorch
+  // synchronizes before them too); waiting, as cudaFree does, keeps release()'s contract: work enqueued
+  // before the call still finds its memory. Memory no work has used needs no wait, and then the call is
+  // no stream work and runs in relaxed capture mode, so it is allowed during a capture.
+  void unmap(int device, void* at, std::size_t bytes, bool synchronize) {
+    const char* call = synchronize ? "unmap_pages" : "unmap_unused_pages";
     DeviceVm& vm = vm_of(device, call);
     std::lock_guard<std::mutex> lock(vm.mutex);
     AddressRanges& ranges = ranges_of(vm, device, call);
     const auto base = reinterpret_cast<CUdeviceptr>(at);
     const std::size_t count = ranges.check_unmap(base, bytes, vm_call(call, device, at, bytes));
     DeviceGuard guard(device, true);
-    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize", device);
+    if (synchronize) check(cudaDeviceSynchronize(), "cudaDeviceSynchronize", device);
     RelaxedCaptureMode relaxed;
     struct Mapping {
       CUdeviceptr address;
@@ -461,19 +478,6 @@ class CudaBackend final : public Backend {
     }
   }
 
-  void release_address_range(int device, void* base, std::size_t bytes) override {
-    DeviceVm& vm = vm_of(device, "release_address_range");
-    std::lock_guard<std::mutex> lock(vm.mutex);
-    AddressRanges& ranges = ranges_of(vm, device, "release_address_range");
-    const auto address = reinterpret_cast<CUdeviceptr>(base);
-    ranges.check_release(address, bytes, vm_call("release_address_range", device, base, bytes));
-    DeviceGuard guard(device, true);
-    RelaxedCaptureMode relaxed;  // nothing is mapped, no stream work
-    check_driver(DriverVm::get().address_free(address, bytes), "cuMemAddressFree", device);
-    ranges.remove_range(address);
-  }
-
- private:
   DeviceVm& vm_of(int device, const char* call) {
     if (device < 0 || device >= device_count_) {
       throw Error(ErrorCode::kBackend, std::string("CudaBackend::") + call + ": device " + std::to_string(device) +

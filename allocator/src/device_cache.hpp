@@ -316,11 +316,15 @@ class DeviceCache {
   bool grows_expandable(const MemoryPool& pool) const {
     return expandable_page_bytes_ != 0 && &pool == &default_pool_;
   }
-  // Grows the segment of (stream, kind) at its end by whole pages, mapped as one physical allocation,
-  // or starts one, so that a free block of at least `size` bytes that `stream` may take is in the free
-  // lists; returns it, or nullptr when the memory cap or the device
+  // Grows the segment of (stream, kind) at its end by whole pages, mapped as one physical allocation
+  // (near the cap: in pieces of up to 20 MiB, large, or one page, small), or starts one, so that a
+  // free block of at least `size` bytes that `stream` may take is in the free lists; returns it, or
+  // nullptr when the memory cap or the device
   // refuses (nothing stays mapped for it then).
   Block* grow_expandable(PoolKind kind, std::size_t size, Stream stream);
+  // Whether a growth of `growth` bytes takes the mapped bytes past half of memory_cap(): then it maps
+  // in pieces that the OOM path can give back one by one, else as one physical allocation.
+  bool near_cap(std::size_t growth) const;
   // Unmaps the whole pieces (physical allocations) inside the free blocks of an expandable segment;
   // releases the segment when none stays mapped. Returns the bytes given back.
   std::size_t trim_expandable(Segment* segment);

@@ -2,11 +2,12 @@
 // expandable_segments:True made stream-aware. With the option on, the default pool's memory comes from
 // one segment per (stream, size class): a reserved address range whose blocks cover exactly its mapped
 // pieces. When no cached block serves an allocation, the stream's segment grows after its last block by
-// whole pages, mapped as one physical allocation (a piece): that block grows when the stream may take
-// it, else the new pages are a block of their own. Blocks inside split, merge, settle and go pending
-// exactly as in fixed segments. The whole pieces inside free blocks are unmapped by empty_cache(), the
-// memory cap and the OOM path (release_free_segments), and a segment with nothing left mapped gives
-// its range back.
+// whole pages, mapped as one physical allocation (past half of the memory cap: in pieces of up to
+// 20 MiB in the large class and of one page in the small one): that block grows when the stream may
+// take it, else the new pages are a block of their own. Blocks inside split, merge, settle and go
+// pending exactly as in fixed segments. The whole pieces inside free blocks are unmapped by
+// empty_cache(), the memory cap and the OOM path (release_free_segments), and a segment with nothing
+// left mapped gives its range back.
 #include <algorithm>
 #include <atomic>
 #include <iterator>
@@ -22,6 +23,21 @@ namespace streamalloc {
 
 using size_policy::round_up;
 
+namespace {
+// The most one physical allocation of a growth of `bytes` maps (docs/design.md, "Expandable
+// segments"). On a device the driver charges per allocation, not per byte, so while memory is
+// plentiful a growth is one allocation. Past half of what the cache may map (the memory-fraction cap)
+// it maps pieces of 20 MiB in the large class (PyTorch's kLargeBuffer handles) and of one page in the
+// small one: a piece goes back only whole, and near the cap the OOM path must be able to give back
+// the free parts of what is mapped.
+constexpr std::size_t kLargePieceBytes = 20 * MiB;
+std::size_t piece_bytes(PoolKind kind, std::size_t page, std::size_t bytes, bool near_cap) {
+  if (!near_cap) return bytes;
+  return kind == PoolKind::kLarge ? round_up(kLargePieceBytes, page) : page;
+}
+
+}  // namespace
+
 void DeviceCache::set_up_expandable_segments() {
   if (!options_.expandable_segments) return;
   if (!backend_.supports_virtual_memory(device_)) {
@@ -35,6 +51,8 @@ void DeviceCache::set_up_expandable_segments() {
   }
   expandable_page_bytes_ = backend_.vm_granularity(device_);
 }
+
+bool DeviceCache::near_cap(std::size_t growth) const { return segments_.reserved_bytes() + growth > memory_cap() / 2; }
 
 Block* DeviceCache::grow_expandable(PoolKind kind, std::size_t size, Stream stream) {
   const std::size_t page = expandable_page_bytes_;
@@ -53,7 +71,7 @@ Block* DeviceCache::grow_expandable(PoolKind kind, std::size_t size, Stream stre
     const std::size_t bytes = round_up(extend ? size - tail->size : size, page);
     if (segment->span() + bytes <= segment->address_range) {
       if (segments_.reserved_bytes() + bytes > memory_cap()) return nullptr;
-      Block* added = segments_.grow(segment, bytes);
+      Block* added = segments_.grow(segment, bytes, piece_bytes(kind, page, bytes, near_cap(bytes)));
       if (added == nullptr) return nullptr;
       if (trace_ != nullptr) {
         trace_events::segment_pages(*trace_, TraceAction::kSegmentMap, device_, *segment, added->address, bytes);
@@ -82,7 +100,8 @@ Block* DeviceCache::grow_expandable(PoolKind kind, std::size_t size, Stream stre
   const std::size_t range = std::max(bytes, round_up(share, page));
   SegmentSource::Refusal why = SegmentSource::Refusal::kNone;
   Segment* segment =
-      segments_.reserve_expandable(kind, &default_pool_, range, bytes, stream, &why);
+      segments_.reserve_expandable(kind, &default_pool_, range, bytes, piece_bytes(kind, page, bytes, near_cap(bytes)),
+                                   stream, &why);
   if (segment == nullptr) {
     // Without address space the memory may still be there: a fixed segment, as without the option.
     return why == SegmentSource::Refusal::kNoAddressSpace ? reserve_fixed_segment(default_pool_, kind, size, stream)

@@ -47,14 +47,40 @@ Segment* SegmentSource::reserve(PoolKind pool, MemoryPool* owner, std::size_t by
   return add(reinterpret_cast<std::uintptr_t>(memory), bytes, pool, owner, stream);
 }
 
-bool SegmentSource::map_piece(std::uintptr_t at, std::size_t bytes, SegmentPieces* pieces) {
-  if (!backend_.map_pages(device_, reinterpret_cast<void*>(at), bytes)) return false;
-  pieces->add(at, bytes);
+bool SegmentSource::map_pieces(std::uintptr_t at, std::size_t bytes, std::size_t piece_bytes,
+                               SegmentPieces* pieces) {
+  std::size_t mapped = 0;
+  // Takes back what this call mapped. Fresh memory no work has used: no device sync, so this works
+  // while a stream captures, as the maps themselves do.
+  auto undo = [&] {
+    if (mapped > 0) backend_.unmap_unused_pages(device_, reinterpret_cast<void*>(at), mapped);
+  };
+  try {
+    while (mapped < bytes) {
+      const std::size_t piece = std::min(piece_bytes, bytes - mapped);
+      if (!backend_.map_pages(device_, reinterpret_cast<void*>(at + mapped), piece)) {
+        undo();
+        return false;
+      }
+      mapped += piece;
+    }
+  } catch (...) {
+    try {
+      undo();
+    } catch (const Error& e) {  // keep the first error; the memory stays mapped, unaccounted
+      log().warn("device {}: {} bytes of a failed growth stay mapped: {}", device_, mapped, without_prefix(e.what()));
+    }
+    throw;
+  }
+  for (std::size_t offset = 0; offset < bytes; offset += piece_bytes) {
+    pieces->add(at + offset, std::min(piece_bytes, bytes - offset));
+  }
   return true;
 }
 
 Segment* SegmentSource::reserve_expandable(PoolKind pool, MemoryPool* owner, std::size_t range_bytes,
-                                           std::size_t bytes, Stream stream, Refusal* why) {
+                                           std::size_t bytes, std::size_t piece_bytes, Stream stream,
+                                           Refusal* why) {
   void* range = backend_.reserve_address_range(device_, range_bytes);
   if (range == nullptr) {
     *why = Refusal::kNoAddressSpace;
@@ -64,7 +90,7 @@ Segment* SegmentSource::reserve_expandable(PoolKind pool, MemoryPool* owner, std
   SegmentPieces pieces;
   bool mapped = false;
   try {
-    mapped = map_piece(base, bytes, &pieces);
+    mapped = map_pieces(base, bytes, piece_bytes, &pieces);
   } catch (...) {
     backend_.release_address_range(device_, range, range_bytes);
     throw;
@@ -81,9 +107,9 @@ Segment* SegmentSource::reserve_expandable(PoolKind pool, MemoryPool* owner, std
   return segment;
 }
 
-Block* SegmentSource::grow(Segment* segment, std::size_t bytes) {
+Block* SegmentSource::grow(Segment* segment, std::size_t bytes, std::size_t piece_bytes) {
   const std::uintptr_t end = segment->address + segment->span();
-  if (!map_piece(end, bytes, &segment->pieces)) return nullptr;
+  if (!map_pieces(end, bytes, piece_bytes, &segment->pieces)) return nullptr;
   auto* block = new Block;
   block->address = end;
   block->size = bytes;

@@ -41,18 +41,18 @@ class SegmentSource {
   void release(Segment* segment);
 
   // ---- expandable segments: `bytes` are whole pages of the backend's granularity ----
-  // Each call below that maps memory maps it as ONE physical allocation (one Backend::map_pages call):
-  // a piece of the segment, which goes back only whole.
+  // `piece_bytes` (whole pages too) is the most one physical allocation of a growth maps: `bytes` is
+  // mapped as pieces of `piece_bytes`, the last one what remains.
   enum class Refusal { kNone, kNoAddressSpace, kNoMemory };
   // A new expandable segment: `range_bytes` of addresses, of which the first `bytes` are mapped and
   // hold one free settled block. nullptr, with nothing left reserved or mapped, when the address
   // space or the memory cannot be had (`why` says which).
   Segment* reserve_expandable(PoolKind pool, MemoryPool* owner, std::size_t range_bytes, std::size_t bytes,
-                              Stream stream, Refusal* why);
+                              std::size_t piece_bytes, Stream stream, Refusal* why);
   // Maps `bytes` more after the segment's last block (the range must have room). The new memory is a
   // new free settled block after the last one, in no index, returned; nullptr, nothing mapped, when
-  // the device is full.
-  Block* grow(Segment* segment, std::size_t bytes);
+  // the device is full (also when it fills after some of the pieces are mapped: they go back).
+  Block* grow(Segment* segment, std::size_t bytes, std::size_t piece_bytes);
   // Unmaps `run`, whole pieces of the segment inside `block`, a free block in no index that is not all
   // of its segment. What stays of the block before the run is `block` (deleted when nothing stays),
   // what stays after is a new block in the same state after it; both in no index, nullptr where
@@ -76,9 +76,9 @@ class SegmentSource {
   std::vector<Segment*> all() const;
 
  private:
-  // Maps [at, at + bytes) as one piece and records it in `pieces`. On a refusal returns false, and on
-  // an error throws; nothing is mapped then.
-  bool map_piece(std::uintptr_t at, std::size_t bytes, SegmentPieces* pieces);
+  // Maps [at, at + bytes) in pieces of at most `piece_bytes` and records them in `pieces`. On a refusal
+  // returns false, and on an error throws, after unmapping the pieces it did map: nothing stays.
+  bool map_pieces(std::uintptr_t at, std::size_t bytes, std::size_t piece_bytes, SegmentPieces* pieces);
   Segment* add(std::uintptr_t address, std::size_t bytes, PoolKind pool, MemoryPool* owner, Stream stream);
 
   Backend& backend_;

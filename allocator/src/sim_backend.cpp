@@ -625,6 +625,18 @@ void SimBackend::unmap_pages(int device, void* at, std::size_t bytes) {
   ++state_->counters.page_unmaps;
 }
 
+void SimBackend::unmap_unused_pages(int device, void* at, std::size_t bytes) {
+  State::Lock lock(state_->mutex);
+  DeviceState& dev = state_->device(device, "unmap_unused_pages");
+  if (!state_->config.virtual_memory) unsupported("unmap_unused_pages", device);
+  const std::string call = vm_call("unmap_unused_pages", device, at, bytes);
+  const auto address = reinterpret_cast<std::uintptr_t>(at);
+  dev.ranges.check_unmap(address, bytes, call);
+  // Nothing to wait for: no work has used this memory.
+  state_->counters.physical_allocations_released += unmap_mappings(dev, address, bytes, call);
+  ++state_->counters.unused_page_unmaps;
+}
+
 void SimBackend::release_address_range(int device, void* base, std::size_t bytes) {
   State::Lock lock(state_->mutex);
   DeviceState& dev = state_->device(device, "release_address_range");

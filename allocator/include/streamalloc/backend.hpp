@@ -114,6 +114,15 @@ class Backend {
     (void)bytes;
     unsupported("unmap_pages", device);
   }
+  // As unmap_pages, for mappings no work has used since map_pages made them (a growth that could map
+  // only part of what it needed takes back what it mapped): nothing to wait for, so it never
+  // synchronizes and works while a stream captures a graph. On memory that work may still touch it is
+  // a use-after-free on a device.
+  virtual void unmap_unused_pages(int device, void* at, std::size_t bytes) {
+    (void)at;
+    (void)bytes;
+    unsupported("unmap_unused_pages", device);
+  }
   // Give back a range from reserve_address_range(): its base and size exactly, nothing mapped in it.
   virtual void release_address_range(int device, void* base, std::size_t bytes) {
     (void)base;

@@ -30,8 +30,8 @@
 //   maps), so map_pages returns false when it does not fit. Address space per device is bounded too
 //   (Config), so reserve_address_range can return nullptr. memset_async checks that every byte it
 //   fills is reserved or mapped memory, and accessible() is the same check for tests. unmap_pages
-//   synchronizes the device and is refused during a capture, as release is; reserving, mapping and
-//   releasing a range work during one, as on CUDA. Mapped pages read as zero
+//   synchronizes the device and is refused during a capture, as release is; unmap_unused_pages,
+//   reserving, mapping and releasing a range work during one, as on CUDA. Mapped pages read as zero
 //   here; on a device their contents are undefined.
 //
 // Work functions run on the thread that advances the stream, with no backend lock held; they must
@@ -76,9 +76,10 @@ class SimBackend final : public Backend {
     std::uint64_t address_range_releases = 0;
     // map_pages calls that mapped: each created one physical allocation (what a growth costs on a device)
     std::uint64_t physical_allocations_created = 0;
-    std::uint64_t physical_allocations_released = 0;  // mappings unmapped
+    std::uint64_t physical_allocations_released = 0;  // mappings unmapped, by either unmap call
     std::uint64_t map_refusals = 0;        // map_pages calls that returned false (device full, or injected)
     std::uint64_t page_unmaps = 0;         // unmap_pages calls
+    std::uint64_t unused_page_unmaps = 0;  // unmap_unused_pages calls
   };
 
   SimBackend();
@@ -106,6 +107,7 @@ class SimBackend final : public Backend {
   void* reserve_address_range(int device, std::size_t bytes) override;
   bool map_pages(int device, void* at, std::size_t bytes) override;
   void unmap_pages(int device, void* at, std::size_t bytes) override;
+  void unmap_unused_pages(int device, void* at, std::size_t bytes) override;
   void release_address_range(int device, void* base, std::size_t bytes) override;
 
   // ---- simulation control (tests, demo, replay) ----
