@@ -193,11 +193,6 @@ class DeviceCache {
   // apart from the inline fast paths so that these do not pay the big functions' frames.
   void* allocate_locked(std::size_t requested, Stream stream);
   bool deallocate_locked(std::uintptr_t address, std::size_t size_hint, Stream stream_hint);
-  // A fast path whose shard's headroom does not cover its increase (`lacking`: per stat and pool
-  // index, what is missing) takes it from other shards' headroom, each try-locked while its own lock is
-  // held, never waited for, and never with the device lock (design.md, "Stats stay exact"). Moves
-  // leave the sum of all headroom unchanged. Returns whether all was found; what was found stays.
-  bool borrow_headroom(StreamState& own, ShardStats::Cells& lacking);
   // Hand out a block parked in `shard`'s hot list (its lock held); shared by both paths.
   void hand_out_parked(StreamState& shard, Block* block, std::size_t requested);
   // A block enters or leaves its stream's shard (allocated, or parked in its hot list): device-locked
@@ -282,9 +277,8 @@ class DeviceCache {
   void uncount_inactive_split(Block* block) {
     if (!block->counted_inactive_split) return;
     block->counted_inactive_split = false;
-    StreamState* credit = locked_shard_of(block);
-    fast_stat_decrease(kInactiveSplit, block->segment->pool, 1, credit);
-    fast_stat_decrease(kInactiveSplitBytes, block->segment->pool, static_cast<std::int64_t>(block->size), credit);
+    fast_stat_decrease(kInactiveSplit, block->segment->pool, 1);
+    fast_stat_decrease(kInactiveSplitBytes, block->segment->pool, static_cast<std::int64_t>(block->size));
   }
 
   // ---- fences (device_cache_fences.cpp)
@@ -354,15 +348,7 @@ class DeviceCache {
   // The stats the fast path changes too (shard_stats.hpp), changed by device-locked code: the device's
   // part of `current`, its headroom, and, when every shard's headroom falls short, the peak.
   void fast_stat_increase(FastStat s, PoolKind pool, std::int64_t amount);
-  // `credit`: the shard that takes the headroom the decrease frees, else the device (below).
-  void fast_stat_decrease(FastStat s, PoolKind pool, std::int64_t amount, StreamState* credit);
-  // The shard of `block`'s stream when this device-locked call holds it, else nullptr: where a decrease
-  // on the device-locked path leaves its headroom, so that the fast paths find it (borrow_headroom
-  // reaches other shards, never the device's).
-  StreamState* locked_shard_of(const Block* block) const {
-    StreamState* shard = shards_.find(block->stream);
-    return shard != nullptr && shard->locked_by_device ? shard : nullptr;
-  }
+  void fast_stat_decrease(FastStat s, PoolKind pool, std::int64_t amount);
   // Moves shards' headroom of `s` at pool index `p` to the device's until it holds `needed` or every
   // shard (each locked until the call returns) has given all; returns the device's headroom after it.
   std::int64_t gather_headroom(FastStat s, int p, std::int64_t needed);

@@ -6,8 +6,6 @@
 // (a miss, a block with uses, a private pool, a debugging aid, a full hot list, too little headroom, a
 // bad free) returns to the device-locked path, which decides as before; the fast path changes nothing
 // before it knows it can finish.
-#include <algorithm>
-
 #include "device_cache.hpp"
 #include "size_policy.hpp"
 
@@ -31,14 +29,6 @@ bool park_covered(const ShardStats& stats, const Block* block) {
   const int pool = pool_index(block->segment->pool);
   return stats.covers(kInactiveSplit, pool, 1) &&
          stats.covers(kInactiveSplitBytes, pool, static_cast<std::int64_t>(block->size));
-}
-
-// What the headroom lacks to raise `s` by `amount`, in total and in `pool`, added to `lacking`.
-void add_lacking(const ShardStats& stats, FastStat s, int pool, std::int64_t amount, ShardStats::Cells& lacking) {
-  for (const int p : {0, pool}) {
-    const std::int64_t room = stats.headroom[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
-    lacking[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)] = std::max<std::int64_t>(0, amount - room);
-  }
 }
 
 // account_allocated, less the inactive split it was.
@@ -80,14 +70,10 @@ void* DeviceCache::allocate_parked(StreamState& shard, std::size_t requested) {
   ShardGuard guard(shard);
   // A live table that must grow: the device-locked path grows it (the fast path allocates nothing).
   if (!shard.live.has_room()) return nullptr;
-  const int pool = pool_index(size_policy::pool_for(size));
-  if (!unpark_covered(shard.stats, pool, static_cast<std::int64_t>(size), static_cast<std::int64_t>(requested))) {
-    // Headroom left in other shards: borrowed from them; a new peak: the device-locked path raises it.
-    if (!shard.has_hot(size)) return nullptr;
-    ShardStats::Cells lacking{};
-    for_each_unpark_raise(static_cast<std::int64_t>(size), static_cast<std::int64_t>(requested),
-                          [&](FastStat s, std::int64_t amount) { add_lacking(shard.stats, s, pool, amount, lacking); });
-    if (!borrow_headroom(shard, lacking)) return nullptr;
+  // A new peak, or headroom left elsewhere: the device-locked path gathers it.
+  if (!unpark_covered(shard.stats, pool_index(size_policy::pool_for(size)), static_cast<std::int64_t>(size),
+                      static_cast<std::int64_t>(requested))) {
+    return nullptr;
   }
   Block* block = take_hot(shard, size);
   if (block == nullptr) return nullptr;
@@ -116,15 +102,9 @@ bool DeviceCache::free_to_shard(StreamState& shard, std::uintptr_t address, std:
   if (block == nullptr) return false;  // another stream's block, or a bad free
   if (size_hint != 0 && size_hint != block->requested) return false;
   if (!block->recorded_streams.empty() || block->segment->owner != &default_pool_ ||
-      size_policy::is_oversize(block->size, options_) || shard.hot.size() >= StreamState::kHotBlocks) {
+      size_policy::is_oversize(block->size, options_) || shard.hot.size() >= StreamState::kHotBlocks ||
+      !park_covered(shard.stats, block)) {
     return false;
-  }
-  if (!park_covered(shard.stats, block)) {
-    ShardStats::Cells lacking{};
-    const int pool = pool_index(block->segment->pool);
-    add_lacking(shard.stats, kInactiveSplit, pool, 1, lacking);
-    add_lacking(shard.stats, kInactiveSplitBytes, pool, static_cast<std::int64_t>(block->size), lacking);
-    if (!borrow_headroom(shard, lacking)) return false;
   }
   shard.live.erase_at(live);
   account_parked(shard.stats, block);
@@ -138,37 +118,6 @@ bool DeviceCache::free_to_shard(StreamState& shard, std::uintptr_t address, std:
   shard.hot.push_back(block);
   shard.publish_hot();
   return true;
-}
-
-// Round robin from where the last borrow stopped, so that borrowers spread over the lenders, at most
-// kLendersTried of them (a busy shard, try-locked in vain, does not count). Out of line: the fast
-// paths' common case never gets here.
-bool DeviceCache::borrow_headroom(StreamState& own, ShardStats::Cells& lacking) {
-  constexpr std::size_t kLendersTried = 8;
-  const std::size_t shards = shards_.size();
-  std::size_t tried = 0;
-  for (std::size_t visited = 0; visited < shards && tried < kLendersTried; ++visited) {
-    own.next_lender = static_cast<std::uint32_t>((own.next_lender + 1) % shards);
-    StreamState* lender = shards_.at(own.next_lender);
-    if (lender == &own || !lender->lock.try_lock()) continue;
-    ++tried;
-    bool found_all = true;
-    for (std::size_t s = 0; s < kFastStats; ++s) {
-      for (std::size_t p = 0; p < static_cast<std::size_t>(kPoolKinds); ++p) {
-        std::int64_t& missing = lacking[s][p];
-        if (missing == 0) continue;
-        std::int64_t& room = lender->stats.headroom[s][p];
-        const std::int64_t take = std::min(room, missing);
-        room -= take;
-        own.stats.headroom[s][p] += take;
-        missing -= take;
-        found_all = found_all && missing == 0;
-      }
-    }
-    lender->lock.unlock();
-    if (found_all) return true;
-  }
-  return false;
 }
 
 }  // namespace streamalloc

@@ -73,11 +73,10 @@ void DeviceCache::fast_stat_increase(FastStat s, PoolKind pool, std::int64_t amo
   }
 }
 
-void DeviceCache::fast_stat_decrease(FastStat s, PoolKind pool, std::int64_t amount, StreamState* credit) {
+void DeviceCache::fast_stat_decrease(FastStat s, PoolKind pool, std::int64_t amount) {
   StatArray& stat = stats_.*kFastStatFields[static_cast<std::size_t>(s)];
-  auto& headroom = credit != nullptr ? credit->stats.headroom : headroom_;
   for (const int p : {0, pool_index(pool)}) {
-    headroom[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)] += amount;
+    headroom_[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)] += amount;
     stat[static_cast<std::size_t>(p)].current -= amount;
     stat[static_cast<std::size_t>(p)].freed += amount;
   }
@@ -178,19 +177,17 @@ void DeviceCache::account_allocated(const Block* block, std::size_t requested) {
 
 void DeviceCache::account_freed(const Block* block) {
   const PoolKind pool = block->segment->pool;
-  StreamState* credit = locked_shard_of(block);
-  fast_stat_decrease(kAllocation, pool, 1, credit);
-  fast_stat_decrease(kAllocatedBytes, pool, static_cast<std::int64_t>(block->size), credit);
+  fast_stat_decrease(kAllocation, pool, 1);
+  fast_stat_decrease(kAllocatedBytes, pool, static_cast<std::int64_t>(block->size));
 }
 
 // Requested bytes stay counted while a freed block is pending, as PyTorch counts them until the
 // block's events complete (requested_bytes follows active blocks, not allocated ones).
 void DeviceCache::account_inactive(Block* block) {
   const PoolKind pool = block->segment->pool;
-  StreamState* credit = locked_shard_of(block);
-  fast_stat_decrease(kActive, pool, 1, credit);
-  fast_stat_decrease(kActiveBytes, pool, static_cast<std::int64_t>(block->size), credit);
-  fast_stat_decrease(kRequestedBytes, pool, static_cast<std::int64_t>(block->requested), credit);
+  fast_stat_decrease(kActive, pool, 1);
+  fast_stat_decrease(kActiveBytes, pool, static_cast<std::int64_t>(block->size));
+  fast_stat_decrease(kRequestedBytes, pool, static_cast<std::int64_t>(block->requested));
   block->requested = 0;
 }
 

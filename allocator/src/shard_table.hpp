@@ -41,16 +41,9 @@ class ShardTable {
     while (slots_[i].shard.load(std::memory_order_relaxed) != nullptr) i = next(i);
     slots_[i].stream.store(stream, std::memory_order_relaxed);
     slots_[i].shard.store(shard, std::memory_order_release);
-    in_order_[size_].store(shard, std::memory_order_relaxed);
     ++size_;
-    count_.store(size_, std::memory_order_release);
     return true;
   }
-
-  // The shards in the table, in the order they came, read without a lock (a fast path that looks for
-  // another shard's headroom): at(i) for i < size() is set for good.
-  std::size_t size() const { return count_.load(std::memory_order_acquire); }
-  StreamState* at(std::size_t i) const { return in_order_[i].load(std::memory_order_relaxed); }
 
  private:
   struct Slot {
@@ -65,9 +58,7 @@ class ShardTable {
   static std::size_t next(std::size_t i) { return (i + 1) & (kCapacity - 1); }
 
   std::array<Slot, kCapacity> slots_{};
-  std::array<std::atomic<StreamState*>, kCapacity / 2> in_order_{};
-  std::atomic<std::size_t> count_{0};  // in_order_'s filled length, published after the entry
-  std::size_t size_ = 0;               // writer only
+  std::size_t size_ = 0;  // writer only
 };
 
 }  // namespace streamalloc

@@ -23,11 +23,6 @@ class SpinLock {
       }
     }
   }
-  // One attempt, never a wait: for a thread that already holds another SpinLock (a fast path that
-  // borrows headroom from another shard), which must not wait while holding it.
-  bool try_lock() {
-    return !locked_.load(std::memory_order_relaxed) && !locked_.exchange(true, std::memory_order_acquire);
-  }
   void unlock() { locked_.store(false, std::memory_order_release); }
 
  private:

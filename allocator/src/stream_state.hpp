@@ -69,16 +69,8 @@ struct alignas(kCacheLine) StreamState {
     }
     return nullptr;
   }
-  bool has_hot(std::size_t size) const {
-    for (const Block* block : hot) {
-      if (block->size == size) return true;
-    }
-    return false;
-  }
   LiveMap live;            // the blocks allocated on this stream and not freed yet, by address
   ShardStats stats;        // this shard's part of the fast path's stats, and its headroom
-  // Where in the shard table this shard's fast path looks first for headroom to borrow (under `lock`).
-  std::uint32_t next_lender = 0;
   SettleList settle_list;  // device lock only
   // Device lock only: the device-locked operation now running holds `lock` (DeviceCache::lock_shard).
   bool locked_by_device = false;
