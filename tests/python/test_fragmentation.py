@@ -148,6 +148,21 @@ def test_missing_transformers_is_named_with_the_fix(monkeypatch):
 
 
 @requires_torch
+def test_a_capped_trial_on_the_c_abi_path_is_unavailable_with_the_reason(monkeypatch):
+    # Through PyTorch's Python CUDAPluggableAllocator an allocation that does not fit is a null pointer,
+    # not torch.OutOfMemoryError: a max-batch trial there must not count as run.
+    enabled = []
+    fake = type(sys)("streamalloc")
+    fake.enable = lambda conf, **options: enabled.append((conf, options))
+    fake.active_path = lambda: "c-abi"
+    fake.ConfigError = RuntimeError
+    monkeypatch.setitem(sys.modules, "streamalloc", fake)
+    out = frag.run_child({"allocator": "streamalloc_expandable", "conf": "", "cap_gib": 24})
+    assert enabled == [("", {"expandable_segments": True})]
+    assert "torch extension" in out["unavailable"] and "null pointer" in out["unavailable"]
+
+
+@requires_torch
 @pytest.mark.skipif(CUDA_DEVICES > 0, reason="a CUDA device is present: test_both_modes_on_the_gpu runs instead")
 def test_without_a_gpu_it_says_skipped_and_succeeds(tmp_path):
     out = tmp_path / "frag.json"
