@@ -11,8 +11,9 @@
 // rounds no stream borrows and the fast path runs alone. Prints, per thread count, the aggregate pairs
 // per second (all threads' pairs over the wall time), the slowest and fastest thread, and the control.
 // --rounds R times R rounds one after the other on the same allocator (one line each, with the device's
-// allocated_bytes peak after it, and the control run again right after the round): how the rate moves
-// as a long-running process's peaks settle, and whether a slow round was the machine's.
+// allocated_bytes peak after it, the share of the round's calls that took the device lock, and the
+// control run again right after the round): how the rate moves as a long-running process's peaks
+// settle, and whether a slow round was the allocator's or the machine's.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -131,6 +132,7 @@ int main(int argc, char** argv) {
       for (const std::size_t size : kSizes) allocator.deallocate(allocator.allocate(size, 0, stream), size, 0, stream);
     }
     for (int round = 0; round < rounds; ++round) {
+      const streamalloc::DeviceStats before = allocator.stats(0);
       std::vector<double> each;
       const double wall = run_threads(
           threads,
@@ -149,8 +151,12 @@ int main(int argc, char** argv) {
       std::printf("%7d %12.3f %16.1f %14.3f %14.3f", threads, control, static_cast<double>(pairs) * threads / wall / 1e6,
                   *std::min_element(each.begin(), each.end()), *std::max_element(each.begin(), each.end()));
       if (rounds > 1) {
-        std::printf("  round %d, allocated_bytes peak %.2f MiB", round + 1,
-                    static_cast<double>(allocator.stats(0).allocated_bytes[0].peak) / (1 << 20));
+        const streamalloc::DeviceStats after = allocator.stats(0);
+        const double calls = static_cast<double>(pairs) * threads;
+        std::printf("  round %d, allocated_bytes peak %.2f MiB, device-locked %.3f%% of allocations, %.3f%% of frees",
+                    round + 1, static_cast<double>(after.allocated_bytes[0].peak) / (1 << 20),
+                    100.0 * static_cast<double>(after.allocations_device_locked - before.allocations_device_locked) / calls,
+                    100.0 * static_cast<double>(after.frees_device_locked - before.frees_device_locked) / calls);
       }
       std::printf("\n");
     }

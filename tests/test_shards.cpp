@@ -358,6 +358,33 @@ TEST_F(Shards, CachedCallsServeTheHotListAndDeclineWithoutChanges) {
   EXPECT_EQ(alloc.allocate_cached(4 * KiB, 0, a), nullptr) << "after shutdown";
 }
 
+// allocations_device_locked / frees_device_locked count the calls that took the device lock, and only
+// those: a pair its stream's shard serves counts nothing; a miss, and a free of a block with another
+// use, count one each.
+TEST_F(Shards, DeviceLockedCallsAreCountedAndShardCallsAreNot) {
+  Allocator& alloc = *allocator_;
+  const Stream a = streams_[0], b = streams_[1];
+  // The first pair misses (no block yet) and its free raises the inactive-split peak: both take the
+  // device lock. The second allocation needs headroom the first free left with the device. From then
+  // on the shard holds the block and the headroom (as CachedCallsServeTheHotList...).
+  for (int round = 0; round < 2; ++round) alloc.deallocate(alloc.allocate(4 * KiB, 0, a), 4 * KiB, 0, a);
+  const DeviceStats before = alloc.stats(0);
+  EXPECT_EQ(before.allocations_device_locked, 2);
+  EXPECT_EQ(before.frees_device_locked, 1);
+  for (int i = 0; i < 10; ++i) alloc.deallocate(alloc.allocate(4 * KiB, 0, a), 4 * KiB, 0, a);
+  DeviceStats after = alloc.stats(0);
+  EXPECT_EQ(after.allocations_device_locked, before.allocations_device_locked) << "ten pairs from the hot list";
+  EXPECT_EQ(after.frees_device_locked, before.frees_device_locked);
+
+  void* used = alloc.allocate(4 * KiB, 0, a);
+  alloc.record_stream(used, b);
+  alloc.deallocate(used, 4 * KiB, 0, a);  // another use: pending, through the device lock
+  after = alloc.stats(0);
+  EXPECT_EQ(after.allocations_device_locked, before.allocations_device_locked);
+  EXPECT_EQ(after.frees_device_locked, before.frees_device_locked + 1);
+  ASSERT_NO_THROW(alloc.validate());
+}
+
 // Device-locked calls find a block through the index of shard blocks, whichever of many streams holds
 // it: record_stream from another stream, frees that name another stream or none, and double frees of
 // blocks parked in some stream's hot list.

@@ -48,6 +48,7 @@ std::string out_of_memory_head(const std::string& backend, int device, std::size
 
 void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
   DeviceLock lock(*this);
+  ++stats_.allocations_device_locked;
   note_device_total();
   if (requested > kMaxRequest || requested > device_total_) throw_larger_than_device(requested, stream);
   StreamState& own = stream_state(stream);  // first sight of a stream checks that it belongs to this device

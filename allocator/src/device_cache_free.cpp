@@ -16,6 +16,7 @@ void DeviceCache::reject_free(const void* ptr) {
 
 bool DeviceCache::deallocate_locked(std::uintptr_t address, std::size_t size_hint, Stream stream_hint) {
   DeviceLock lock(*this);
+  ++stats_.frees_device_locked;
   Block* block = find_live(address);
   if (block == nullptr) return false;
   if (size_hint != 0 && size_hint != block->requested) {

@@ -71,6 +71,8 @@ using StatArray = std::array<Stat, kPoolKinds>;
   X(cross_stream_reuse_waited, "allocations served after a GPU-side wait on a fence")      \
   X(frees_deferred_capture, "frees whose fences waited for a graph capture to end")        \
   X(invalid_frees, "free calls rejected (double free, foreign pointer, wrong size/device)")    \
+  X(allocations_device_locked, "allocations that took the device lock (not served by the stream's shard alone)") \
+  X(frees_device_locked, "frees that took the device lock (not served by the block's shard alone)") \
   X(missing_wait_warnings, "check_sync: uses declared on a stream not ordered after the producer")
 
 // Free-to-reusable latency histogram of pending blocks: bucket i counts blocks whose time from the free
