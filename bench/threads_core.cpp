@@ -16,6 +16,7 @@
 // settle, and whether a slow round was the allocator's or the machine's.
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -29,6 +30,7 @@
 namespace {
 
 using streamalloc::Allocator;
+using streamalloc::DeviceStats;
 using streamalloc::Stream;
 using Seconds = std::chrono::duration<double>;
 
@@ -119,7 +121,8 @@ int main(int argc, char** argv) {
         }
       });
     };
-    double control = control_loop();
+    // With rounds, the control runs after each round instead (below).
+    double control = rounds > 1 ? 0.0 : control_loop();
 
     streamalloc::SimBackend::Config config;
     config.memory_per_device = std::size_t{4} << 30;
@@ -132,7 +135,7 @@ int main(int argc, char** argv) {
       for (const std::size_t size : kSizes) allocator.deallocate(allocator.allocate(size, 0, stream), size, 0, stream);
     }
     for (int round = 0; round < rounds; ++round) {
-      const streamalloc::DeviceStats before = allocator.stats(0);
+      const DeviceStats before = allocator.stats(0);
       std::vector<double> each;
       const double wall = run_threads(
           threads,
@@ -145,18 +148,20 @@ int main(int argc, char** argv) {
           },
           &each);
       allocator.validate();
-      // With rounds, the control runs again after each round on threads of their own, as the round's
-      // were: a round that is slow while its control is not is the allocator's doing, not the machine's.
-      if (round > 0 || rounds > 1) control = control_loop();
-      std::printf("%7d %12.3f %16.1f %14.3f %14.3f", threads, control, static_cast<double>(pairs) * threads / wall / 1e6,
+      // With rounds, the control runs after each round on threads of their own, as the round's were: a
+      // round that is slow while its control is not is the allocator's doing, not the machine's.
+      if (rounds > 1) control = control_loop();
+      const double calls = static_cast<double>(pairs) * threads;  // allocations, and as many frees
+      std::printf("%7d %12.3f %16.1f %14.3f %14.3f", threads, control, calls / wall / 1e6,
                   *std::min_element(each.begin(), each.end()), *std::max_element(each.begin(), each.end()));
       if (rounds > 1) {
-        const streamalloc::DeviceStats after = allocator.stats(0);
-        const double calls = static_cast<double>(pairs) * threads;
+        const DeviceStats after = allocator.stats(0);
+        const auto share = [&](std::int64_t DeviceStats::*count) {
+          return 100.0 * static_cast<double>(after.*count - before.*count) / calls;
+        };
         std::printf("  round %d, allocated_bytes peak %.2f MiB, device-locked %.3f%% of allocations, %.3f%% of frees",
                     round + 1, static_cast<double>(after.allocated_bytes[0].peak) / (1 << 20),
-                    100.0 * static_cast<double>(after.allocations_device_locked - before.allocations_device_locked) / calls,
-                    100.0 * static_cast<double>(after.frees_device_locked - before.frees_device_locked) / calls);
+                    share(&DeviceStats::allocations_device_locked), share(&DeviceStats::frees_device_locked));
       }
       std::printf("\n");
     }

@@ -319,8 +319,7 @@ class DeviceCache {
   // Grows the segment of (stream, kind) at its end by whole pages, mapped as one physical allocation
   // (near the cap: in pieces of up to 20 MiB, large, or one page, small), or starts one, so that a
   // free block of at least `size` bytes that `stream` may take is in the free lists; returns it, or
-  // nullptr when the memory cap or the device
-  // refuses (nothing stays mapped for it then).
+  // nullptr when the memory cap or the device refuses (nothing stays mapped for it then).
   Block* grow_expandable(PoolKind kind, std::size_t size, Stream stream);
   // Whether a growth of `growth` bytes takes the mapped bytes past half of memory_cap(): then it maps
   // in pieces that the OOM path can give back one by one, else as one physical allocation.
