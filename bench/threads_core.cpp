@@ -11,9 +11,10 @@
 // rounds no stream borrows and the fast path runs alone. Prints, per thread count, the aggregate pairs
 // per second (all threads' pairs over the wall time), the slowest and fastest thread, and the control.
 // --rounds R times R rounds one after the other on the same allocator (one line each, with the device's
-// allocated_bytes peak after it, the share of the round's calls that took the device lock, and the
-// control run again right after the round): how the rate moves as a long-running process's peaks
-// settle, and whether a slow round was the allocator's or the machine's.
+// allocated_bytes peak after it, the share of the round's calls that took the device lock, how much of
+// the round the device lock was held and how long a device-locked call waited for it, and the control
+// run again right after the round): how the rate moves as a long-running process's peaks settle, and
+// whether a slow round was the allocator's or the machine's.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -147,6 +148,7 @@ int main(int argc, char** argv) {
             }
           },
           &each);
+      const DeviceStats after = allocator.stats(0);
       allocator.validate();
       // With rounds, the control runs after each round on threads of their own, as the round's were: a
       // round that is slow while its control is not is the allocator's doing, not the machine's.
@@ -155,13 +157,17 @@ int main(int argc, char** argv) {
       std::printf("%7d %12.3f %16.1f %14.3f %14.3f", threads, control, calls / wall / 1e6,
                   *std::min_element(each.begin(), each.end()), *std::max_element(each.begin(), each.end()));
       if (rounds > 1) {
-        const DeviceStats after = allocator.stats(0);
-        const auto share = [&](std::int64_t DeviceStats::*count) {
-          return 100.0 * static_cast<double>(after.*count - before.*count) / calls;
+        const auto delta = [&](std::int64_t DeviceStats::*count) {
+          return static_cast<double>(after.*count - before.*count);
         };
-        std::printf("  round %d, allocated_bytes peak %.2f MiB, device-locked %.3f%% of allocations, %.3f%% of frees",
+        const double locked = delta(&DeviceStats::allocations_device_locked) + delta(&DeviceStats::frees_device_locked);
+        std::printf("  round %d, allocated_bytes peak %.2f MiB, device-locked %.3f%% of allocations, %.3f%% of frees, "
+                    "device lock held %.0f%% of the round, %.2f us waited per device-locked call",
                     round + 1, static_cast<double>(after.allocated_bytes[0].peak) / (1 << 20),
-                    share(&DeviceStats::allocations_device_locked), share(&DeviceStats::frees_device_locked));
+                    100.0 * delta(&DeviceStats::allocations_device_locked) / calls,
+                    100.0 * delta(&DeviceStats::frees_device_locked) / calls,
+                    100.0 * delta(&DeviceStats::device_lock_held_ns) / (wall * 1e9),
+                    locked > 0 ? delta(&DeviceStats::device_lock_wait_ns) / locked / 1e3 : 0.0);
       }
       std::printf("\n");
     }

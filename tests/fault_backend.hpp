@@ -1,9 +1,11 @@
 // FaultBackend: a Backend wrapper that fails chosen calls, for fault-injection tests. Every call is
 // forwarded to the wrapped backend unless it is the one chosen to fail, which throws
 // Error(kBackend, "injected ...") as a real device error would. refuse_maps() makes map_pages return
-// false instead, as a full device does.
+// false instead, as a full device does. during_reserve() runs a test's code inside reserve (which the
+// cache calls with its device lock held), to hold that lock for as long as the test needs.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -26,11 +28,13 @@ class FaultBackend final : public Backend {
   // The next `count` map_pages calls return false without reaching the wrapped backend.
   void refuse_maps(int count) { maps_to_refuse_ = count; }
   int injected() const { return injected_; }  // COUNT of failures thrown and maps refused
+  void during_reserve(std::function<void()> hook) { reserve_hook_ = std::move(hook); }
 
   std::string name() const override { return inner_->name(); }
   int device_count() const override { return inner_->device_count(); }
   void* reserve(int device, std::size_t bytes) override {
     trip(Op::kReserve, "reserve");
+    if (reserve_hook_) reserve_hook_();
     return inner_->reserve(device, bytes);
   }
   void release(int device, void* ptr, std::size_t bytes) override { inner_->release(device, ptr, bytes); }
@@ -111,6 +115,7 @@ class FaultBackend final : public Backend {
   std::map<VmOp, int> vm_countdown_;
   int maps_to_refuse_ = 0;
   int injected_ = 0;
+  std::function<void()> reserve_hook_;
 };
 
 }  // namespace streamalloc::testing

@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <cstdint>
@@ -18,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "fault_backend.hpp"
 #include "size_policy.hpp"
 #include "streamalloc/allocator.hpp"
 #include "sim_fixture.hpp"
@@ -265,6 +268,41 @@ TEST_F(StatsUnderThreads, PeakIsTheRunningMaximumAcrossStreams) {
   for (const Live& b : live) allocator_->deallocate(b.ptr, b.size, 0, b.stream);
   allocator_->synchronize_fences();
   ASSERT_NO_THROW(allocator_->validate());
+}
+
+// device_lock_wait_ns and device_lock_held_ns time the device lock: one thread holds it for 30 ms (a
+// segment reservation the backend stalls), a second asks for it meanwhile and waits; both show in the
+// stats, and a reset of the accumulated stats starts them again from zero.
+TEST(DeviceLockTimes, AWaitForTheDeviceLockAndItsHoldAreTimed) {
+  using namespace std::chrono_literals;
+  SimBackend::Config config;
+  config.memory_per_device = 64 * MiB;
+  auto sim = std::make_shared<SimBackend>(config);
+  auto faults = std::make_shared<testing::FaultBackend>(sim);
+  Allocator alloc(Options::parse("log_level:off"), faults);
+  const Stream a = sim->create_stream(), b = sim->create_stream();
+  std::atomic<bool> holding{false}, asking{false};
+  faults->during_reserve([&] {
+    holding = true;
+    while (!asking) std::this_thread::yield();
+    std::this_thread::sleep_for(30ms);
+  });
+  std::thread holder([&] { alloc.deallocate(alloc.allocate(4 * KiB, 0, a), 4 * KiB, 0, a); });
+  while (!holding) std::this_thread::yield();
+  asking = true;
+  (void)alloc.stats(0);  // waits for the holder's reservation (its own wait counts from the next read)
+  holder.join();
+  faults->during_reserve(nullptr);
+  const DeviceStats timed = alloc.stats(0);
+  EXPECT_GE(timed.device_lock_held_ns, 30'000'000) << "the holder's call held the lock through its 30 ms";
+  EXPECT_GE(timed.device_lock_wait_ns, 10'000'000) << "the stats read asked while the holder slept";
+
+  alloc.reset_accumulated_stats(0);
+  alloc.deallocate(alloc.allocate(4 * KiB, 0, b), 4 * KiB, 0, b);
+  const DeviceStats after_reset = alloc.stats(0);
+  EXPECT_LT(after_reset.device_lock_wait_ns, 10'000'000);
+  EXPECT_LT(after_reset.device_lock_held_ns, 30'000'000);
+  ASSERT_NO_THROW(alloc.validate());
 }
 
 }  // namespace

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "block.hpp"
+#include "cycle_clock.hpp"
 #include "debug_aid.hpp"
 #include "fence_queue.hpp"
 #include "free_lists.hpp"
@@ -122,16 +123,24 @@ class DeviceCache {
 
  private:
   // The device lock of one public call, and the shard locks the call took on the way (lock_shard),
-  // released together when it returns.
+  // released together when it returns. It times how long the call waited for the lock and held it.
   class DeviceLock {
    public:
-    explicit DeviceLock(const DeviceCache& cache) : cache_(cache), lock_(cache.mutex_) {
+    explicit DeviceLock(const DeviceCache& cache) : cache_(cache), lock_(cache.mutex_, std::try_to_lock) {
+      // Timed only when taken: an uncontended call reads the clock twice (here and when it returns).
+      if (!lock_.owns_lock()) {
+        const std::uint64_t asked = cycle_clock::now();
+        lock_.lock();
+        cache_.lock_wait_ticks_ += cycle_clock::now() - asked;
+      }
+      taken_ = cycle_clock::now();
 #ifndef NDEBUG
       assert(t_fast_path_shard_locks == 0 && "lock order: the device lock is taken before shard locks, never after");
       cache_.device_lock_owner_ = std::this_thread::get_id();
 #endif
     }
     ~DeviceLock() {
+      cache_.lock_held_ticks_ += cycle_clock::now() - taken_;
       cache_.unlock_shards();
 #ifndef NDEBUG
       cache_.device_lock_owner_ = std::thread::id();
@@ -143,6 +152,7 @@ class DeviceCache {
    private:
     const DeviceCache& cache_;
     std::unique_lock<std::mutex> lock_;
+    std::uint64_t taken_ = 0;
   };
 
   // ---- shards: the per-stream state and its lock (device_cache.cpp, device_cache_shards.cpp)
@@ -382,6 +392,10 @@ class DeviceCache {
   std::atomic<std::size_t> device_total_{0};
   ShardTable shards_;
   alignas(kCacheLine) mutable std::mutex mutex_;  // the device lock
+  // cycle_clock ticks the device-locked calls waited for mutex_ and held it (DeviceLock), written
+  // under it; stats() reports them in nanoseconds.
+  mutable std::uint64_t lock_wait_ticks_ = 0;
+  mutable std::uint64_t lock_held_ticks_ = 0;
   mutable std::vector<StreamState*> locked_shards_;  // by the device-locked call now running
 #ifndef NDEBUG
   mutable std::thread::id device_lock_owner_;  // written under the device lock

@@ -13,6 +13,8 @@ DeviceStats DeviceCache::stats() const {
   DeviceLock lock(*this);
   lock_all_shards();
   DeviceStats copy = stats_with_shards();
+  copy.device_lock_wait_ns = cycle_clock::to_ns(lock_wait_ticks_);
+  copy.device_lock_held_ns = cycle_clock::to_ns(lock_held_ticks_);
   for (const auto& [stream, state] : streams_) {
     const StreamPending& p = state->fences.pending_stats();
     if (p.pending_blocks.allocated != 0 || p.pending_blocks.current != 0) copy.per_stream[stream] = p;
@@ -157,6 +159,7 @@ void DeviceCache::reset_accumulated_stats() {
   STREAMALLOC_STREAM_COUNTS(STREAMALLOC_RESET_COUNT)
 #undef STREAMALLOC_RESET_COUNT
   stats_.free_to_reusable_us.fill(0);
+  lock_wait_ticks_ = lock_held_ticks_ = 0;
   accumulated_reset_ = true;
 }
 

@@ -73,6 +73,8 @@ using StatArray = std::array<Stat, kPoolKinds>;
   X(invalid_frees, "free calls rejected (double free, foreign pointer, wrong size/device)")    \
   X(allocations_device_locked, "allocations that took the device lock (not served by the stream's shard alone)") \
   X(frees_device_locked, "frees that took the device lock (not served by the block's shard alone)") \
+  X(device_lock_wait_ns, "nanoseconds calls waited to take the device lock, summed over threads") \
+  X(device_lock_held_ns, "nanoseconds calls held the device lock") \
   X(missing_wait_warnings, "check_sync: uses declared on a stream not ordered after the producer")
 
 // Free-to-reusable latency histogram of pending blocks: bucket i counts blocks whose time from the free
