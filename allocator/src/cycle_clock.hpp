@@ -22,9 +22,9 @@ inline std::uint64_t now() {
 #endif
 }
 
-// Ticks of now() in nanoseconds. The counter's rate is measured once against the steady clock, over
-// about a millisecond, at the first call (the first DeviceCache makes it, so that no call measures
-// it while holding the device lock).
+// Ticks of now() in nanoseconds. The counter's rate is measured once per process against the steady
+// clock, over about a millisecond, at the first call (a stats read, after it has let the device lock
+// go).
 std::int64_t to_ns(std::uint64_t ticks);
 
 }  // namespace streamalloc::cycle_clock

@@ -21,7 +21,6 @@ DeviceCache::DeviceCache(int device, const Options& options, Backend& backend, s
       options.max_split_size_bytes == 0 ? -1 : static_cast<std::int64_t>(options.max_split_size_bytes);
   set_up_expandable_segments();
   update_fast_path();
-  cycle_clock::to_ns(0);  // the clock's rate is measured here (once per process), not under the lock
 }
 
 // Segments still holding live blocks stay reserved (their memory may still be in use); the segment

@@ -9,16 +9,25 @@ namespace streamalloc {
 
 // Under every lock: the device lock keeps the device-locked fields still, the shard locks each shard's
 // part, so the copy is one consistent point of the device's history (every fast path before or after it).
+// The device lock's times are converted after the lock is let go (the first conversion in a process
+// measures the clock's rate).
 DeviceStats DeviceCache::stats() const {
-  DeviceLock lock(*this);
-  lock_all_shards();
-  DeviceStats copy = stats_with_shards();
-  copy.device_lock_wait_ns = cycle_clock::to_ns(lock_wait_ticks_);
-  copy.device_lock_held_ns = cycle_clock::to_ns(lock_held_ticks_);
-  for (const auto& [stream, state] : streams_) {
-    const StreamPending& p = state->fences.pending_stats();
-    if (p.pending_blocks.allocated != 0 || p.pending_blocks.current != 0) copy.per_stream[stream] = p;
+  DeviceStats copy;
+  std::uint64_t wait_ticks = 0;
+  std::uint64_t held_ticks = 0;
+  {
+    DeviceLock lock(*this);
+    lock_all_shards();
+    copy = stats_with_shards();
+    wait_ticks = lock_wait_ticks_;
+    held_ticks = lock_held_ticks_;
+    for (const auto& [stream, state] : streams_) {
+      const StreamPending& p = state->fences.pending_stats();
+      if (p.pending_blocks.allocated != 0 || p.pending_blocks.current != 0) copy.per_stream[stream] = p;
+    }
   }
+  copy.device_lock_wait_ns = cycle_clock::to_ns(wait_ticks);
+  copy.device_lock_held_ns = cycle_clock::to_ns(held_ticks);
   return copy;
 }
 
