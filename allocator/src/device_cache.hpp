@@ -271,6 +271,7 @@ class DeviceCache {
   static Block* take_hot(StreamState& state, std::size_t size) { return state.take_hot(size); }
   void flush_hot(StreamState& state, std::size_t keep);   // all but the `keep` newest into the free lists
   void flush_all_hot();
+  void flush_thread_hot(std::uintptr_t thread);  // the hot lists of the streams that `thread` used last
   void hold_back(Block* block);  // an aid takes it; blocks the aid lets go of enter the free lists
   void release_held();           // every held block enters the free lists
   void enter_free_lists_after_hold(const std::vector<Block*>& released);
@@ -298,7 +299,10 @@ class DeviceCache {
   void finish_fence(StreamState& state, Fence& fence);
   // `missed`: the stream whose allocation missed the cache, whose own batch may wait
   // (defers_own_batch); nullptr closes every batch (process_fences).
-  void close_batches_and_poll(const StreamState* missed = nullptr);
+  // `flush`: whose hot lists join the free lists: every stream's, or only the missing stream's and
+  // those of the streams whose last device-locked call came from the calling thread (StreamState::thread).
+  enum class HotLists { kEveryStream, kThisThreads };
+  void close_batches_and_poll(StreamState* missed = nullptr, HotLists flush = HotLists::kEveryStream);
   void poll_fences(bool close_batches, const StreamState* missed = nullptr);
   bool defers_own_batch(const StreamState& state, const StreamState* missed, Clock::time_point now) const;
   void synchronize_all_fences(bool for_memory = false);

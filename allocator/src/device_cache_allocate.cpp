@@ -59,6 +59,7 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
     if (Block* hot = take_hot(own, size)) {
       give_headroom_for_unpark(own, hot, requested);
       hand_out_parked(own, hot, requested);
+      own.thread = this_thread_token();
       return reinterpret_cast<void*>(hot->address);
     }
     // A large-pool size the hot list cannot serve: the parked blocks join the free lists first, merged
@@ -85,8 +86,18 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
 
   Block* block = find_free_packed(pool, kind, size, stream);
   if (block == nullptr) {
-    close_batches_and_poll(&own);
+    // A miss: the hot lists of this thread's streams join the free lists, and the fences are polled.
+    // Other threads' hot lists are flushed only when that does not serve, and for a small block only
+    // after a new 2 MiB segment: flushing a thread's hot list sends its next allocations to the device
+    // lock, where a miss of its own would flush the others' again (docs/design.md, "The allocation
+    // path", step 2). A program that allocates from one thread flushes every hot list at once.
+    close_batches_and_poll(&own, HotLists::kThisThreads);
     block = find_free(pool, kind, size, stream);
+    if (block == nullptr && kind == PoolKind::kSmall) block = reserve_segment(pool, kind, size, stream);
+    if (block == nullptr) {
+      close_batches_and_poll(&own, HotLists::kEveryStream);
+      block = find_free(pool, kind, size, stream);
+    }
   }
   if (block == nullptr) block = reserve_segment(pool, kind, size, stream);
   if (block == nullptr && options_.cross_stream_reuse == CrossStreamReuse::kWait) {
@@ -104,6 +115,7 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
     if (block == nullptr && &pool == &default_pool_) block = find_free_in_use_on_oom_pools(kind, size, stream);
   }
   if (block == nullptr) throw_out_of_memory(requested, size, stream);
+  own.thread = this_thread_token();
   return reinterpret_cast<void*>(take(block, size, requested, stream)->address);
 }
 

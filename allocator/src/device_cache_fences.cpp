@@ -112,8 +112,14 @@ bool DeviceCache::any_stream_capturing() {
 // recorded before the sync, which the sync completed), is released without an event when the stream
 // is idle: all work enqueued on it has completed, the free's last use included. One stream query
 // replaces the event record and query; only streams with pending blocks are asked, only here.
-void DeviceCache::close_batches_and_poll(const StreamState* missed) {
-  flush_all_hot();  // parked blocks join the free lists, where they can merge and settle
+void DeviceCache::close_batches_and_poll(StreamState* missed, HotLists flush) {
+  // Parked blocks join the free lists, where they can merge and settle.
+  if (flush == HotLists::kEveryStream || missed == nullptr) {
+    flush_all_hot();
+  } else {
+    flush_hot(*missed, 0);
+    flush_thread_hot(this_thread_token());
+  }
   poll_fences(/*close_batches=*/true, missed);
 }
 

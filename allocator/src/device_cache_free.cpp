@@ -34,6 +34,7 @@ bool DeviceCache::deallocate_locked(std::uintptr_t address, std::size_t size_hin
     stream_state(stream_hint);  // rejects a stream of another device before anything changes
     add_use(block, stream_hint, NewUse::kFreeOnStream);
   }
+  stream_state(block->stream).thread = this_thread_token();
   free_live(block);
   return true;
 }

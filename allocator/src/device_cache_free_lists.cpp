@@ -72,6 +72,14 @@ void DeviceCache::flush_all_hot() {
   }
 }
 
+void DeviceCache::flush_thread_hot(std::uintptr_t thread) {
+  for (auto& [stream, state] : streams_) {
+    if (state->thread != thread || state->hot.empty()) continue;
+    lock_shard(*state);
+    flush_hot(*state, 0);
+  }
+}
+
 // An aid holds the block back from reuse, and may let go of older ones.
 void DeviceCache::hold_back(Block* block) {
   block->held = true;

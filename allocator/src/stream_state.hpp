@@ -20,6 +20,13 @@
 
 namespace streamalloc {
 
+// The calling thread, as a value no other live thread has: the address of a thread-local byte (the
+// initial-exec model makes it one instruction, also in the shared library).
+inline std::uintptr_t this_thread_token() {
+  __attribute__((tls_model("initial-exec"))) static thread_local char marker;
+  return reinterpret_cast<std::uintptr_t>(&marker);
+}
+
 // The free blocks a stream owns (unsettled), in settle_seq order: a completed fence settles a prefix.
 // Intrusive, through Block::settle_prev/settle_next.
 class SettleList {
@@ -74,6 +81,10 @@ struct alignas(kCacheLine) StreamState {
   SettleList settle_list;  // device lock only
   // Device lock only: the device-locked operation now running holds `lock` (DeviceCache::lock_shard).
   bool locked_by_device = false;
+  // Device lock only: the thread (this_thread_token) of the last device-locked allocation or free on
+  // this stream. A miss flushes the hot lists of its own thread's streams before other threads' ones
+  // (docs/design.md, "The allocation path").
+  std::uintptr_t thread = 0;
 };
 
 }  // namespace streamalloc

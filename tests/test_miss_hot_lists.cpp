@@ -1,0 +1,140 @@
+// Which hot lists a miss flushes (docs/design.md, "The allocation path", step 2). A miss makes the hot
+// lists of its own thread's streams join the free lists; those of streams another thread uses stay,
+// unless nothing else serves: a small block takes a new 2 MiB segment first, a large one their parked
+// blocks (before the device is asked for more), and under the memory cap both take their parked blocks
+// rather than fail. Each thread here is a worker that lives through the test, so that its identity
+// (this_thread_token) stays its own.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "sim_fixture.hpp"
+#include "streamalloc/allocator.hpp"
+
+namespace streamalloc {
+namespace {
+
+// Runs functions on one thread of its own, one at a time, each to its end before run() returns.
+class Worker {
+ public:
+  Worker() : thread_([this] { loop(); }) {}
+  ~Worker() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  void run(std::function<void()> work) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    work_ = std::move(work);
+    wake_.notify_all();
+    wake_.wait(lock, [this] { return !work_; });
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [this] { return stop_ || static_cast<bool>(work_); });
+      if (stop_) return;
+      work_();
+      work_ = nullptr;
+      wake_.notify_all();
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::function<void()> work_;
+  bool stop_ = false;
+  std::thread thread_;  // last: started once the members it uses exist
+};
+
+class MissHotLists : public ::testing::Test {
+ protected:
+  // Stream `b` parks `count` blocks of `size` bytes, allocated together so that they fill their
+  // segment, in its hot list; from `worker` when given, else from this thread.
+  std::vector<void*> park_on_b(std::size_t size, int count, Worker* worker = nullptr) {
+    std::vector<void*> blocks;
+    auto park = [&] {
+      for (int i = 0; i < count; ++i) blocks.push_back(a().allocate(size, 0, b_));
+      for (void* p : blocks) a().deallocate(p, size, 0, b_);
+    };
+    if (worker != nullptr) {
+      worker->run(park);
+    } else {
+      park();
+    }
+    return blocks;
+  }
+  Allocator& a() { return setup_->a(); }
+  std::int64_t reserved() { return setup_->stats().reserved_bytes[0].current; }
+  void use_device_of(std::size_t bytes) {
+    setup_ = std::make_unique<testing::SimSetup>("backend:sim,log_level:error", SimBackend::Mode::kEager, bytes);
+    a_ = setup_->sim->create_stream(0);
+    b_ = setup_->sim->create_stream(0);
+  }
+  void SetUp() override { use_device_of(256 * MiB); }
+
+  std::unique_ptr<testing::SimSetup> setup_;
+  Stream a_ = 0, b_ = 0;
+};
+
+TEST_F(MissHotLists, ASmallMissTakesANewSegmentBeforeAnotherThreadsParkedBlocks) {
+  Worker other;
+  const std::vector<void*> parked = park_on_b(1 * MiB, 2, &other);
+  ASSERT_EQ(reserved(), 2 * MiB);
+  // Nothing in the free lists fits 1 MiB: the blocks are parked in the other thread's hot list.
+  void* mine = a().allocate(1 * MiB, 0, a_);
+  EXPECT_EQ(reserved(), 4 * MiB) << "the miss grew a segment rather than flush the other thread's hot list";
+  EXPECT_NE(mine, parked[0]);
+  EXPECT_NE(mine, parked[1]);
+  // The other thread's hot list is as it left it: its next allocation takes its newest parked block.
+  void* again = nullptr;
+  other.run([&] { again = a().allocate(1 * MiB, 0, b_); });
+  EXPECT_EQ(again, parked[1]);
+  ASSERT_NO_THROW(a().validate());
+  other.run([&] { a().deallocate(again, 1 * MiB, 0, b_); });
+  a().deallocate(mine, 1 * MiB, 0, a_);
+  ASSERT_NO_THROW(a().validate());
+}
+
+TEST_F(MissHotLists, OneThreadFlushesEveryHotListBeforeGrowing) {
+  const std::vector<void*> parked = park_on_b(1 * MiB, 2);
+  void* mine = a().allocate(1 * MiB, 0, a_);
+  EXPECT_EQ(reserved(), 2 * MiB) << "one thread's miss takes its other stream's parked memory";
+  EXPECT_TRUE(mine == parked[0] || mine == parked[1]);
+  a().deallocate(mine, 1 * MiB, 0, a_);
+  ASSERT_NO_THROW(a().validate());
+}
+
+TEST_F(MissHotLists, UnderTheCapASmallMissTakesAnotherThreadsParkedBlock) {
+  use_device_of(2 * MiB);  // room for one small segment
+  Worker other;
+  const std::vector<void*> parked = park_on_b(1 * MiB, 2, &other);
+  void* mine = nullptr;
+  ASSERT_NO_THROW(mine = a().allocate(1 * MiB, 0, a_));
+  EXPECT_EQ(reserved(), 2 * MiB);
+  EXPECT_TRUE(mine == parked[0] || mine == parked[1]);
+  a().deallocate(mine, 1 * MiB, 0, a_);
+  ASSERT_NO_THROW(a().validate());
+}
+
+TEST_F(MissHotLists, ALargeMissTakesAnotherThreadsParkedBlocksBeforeGrowing) {
+  Worker other;
+  // Five 4 MiB blocks fill one 20 MiB segment of the large pool.
+  const std::vector<void*> parked = park_on_b(4 * MiB, 5, &other);
+  ASSERT_EQ(reserved(), 20 * MiB);
+  void* mine = a().allocate(4 * MiB, 0, a_);
+  EXPECT_EQ(reserved(), 20 * MiB) << "a large miss uses parked memory of any thread before the device's";
+  a().deallocate(mine, 4 * MiB, 0, a_);
+  ASSERT_NO_THROW(a().validate());
+}
+
+}  // namespace
+}  // namespace streamalloc
