@@ -74,7 +74,8 @@ void DeviceCache::flush_all_hot() {
 
 void DeviceCache::flush_thread_hot(std::uintptr_t thread) {
   for (auto& [stream, state] : streams_) {
-    if (state->thread != thread || state->hot.empty()) continue;
+    // `parked` rather than the list itself: the list is the shard lock's, taken only where it flushes.
+    if (state->thread != thread || state->parked.load(std::memory_order_relaxed) == 0) continue;
     lock_shard(*state);
     flush_hot(*state, 0);
   }
