@@ -85,6 +85,7 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
   }
 
   Block* block = find_free_packed(pool, kind, size, stream);
+  bool reserved = false;  // a new segment was asked for (and refused, when block is still nullptr)
   if (block == nullptr) {
     // A miss: the hot lists of this thread's streams join the free lists, and the fences are polled.
     // Other threads' hot lists are flushed only when that does not serve, and for a small block only
@@ -93,13 +94,16 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
     // path", step 2). A program that allocates from one thread flushes every hot list at once.
     close_batches_and_poll(&own, HotLists::kThisThreads);
     block = find_free(pool, kind, size, stream);
-    if (block == nullptr && kind == PoolKind::kSmall) block = reserve_segment(pool, kind, size, stream);
+    if (block == nullptr && kind == PoolKind::kSmall) {
+      block = reserve_segment(pool, kind, size, stream);
+      reserved = true;
+    }
     if (block == nullptr) {
       close_batches_and_poll(&own, HotLists::kEveryStream);
       block = find_free(pool, kind, size, stream);
     }
   }
-  if (block == nullptr) block = reserve_segment(pool, kind, size, stream);
+  if (block == nullptr && !reserved) block = reserve_segment(pool, kind, size, stream);
   if (block == nullptr && options_.cross_stream_reuse == CrossStreamReuse::kWait) {
     block = find_free_after_gpu_wait(pool, kind, size, stream);
   }
