@@ -127,8 +127,7 @@ TEST_F(MissHotLists, UnderTheCapASmallMissTakesAnotherThreadsParkedBlock) {
 
 TEST_F(MissHotLists, ALargeMissTakesAnotherThreadsParkedBlocksBeforeGrowing) {
   Worker other;
-  // Five 4 MiB blocks fill one 20 MiB segment of the large pool.
-  const std::vector<void*> parked = park_on_b(4 * MiB, 5, &other);
+  park_on_b(4 * MiB, 5, &other);  // five 4 MiB blocks fill one 20 MiB segment of the large pool
   ASSERT_EQ(reserved(), 20 * MiB);
   void* mine = a().allocate(4 * MiB, 0, a_);
   EXPECT_EQ(reserved(), 20 * MiB) << "a large miss uses parked memory of any thread before the device's";
