@@ -7,9 +7,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cstdio>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "sim_fixture.hpp"
@@ -280,6 +282,45 @@ TEST(Report, BlockReportIsTheTableThenThePendingSummary) {
   const auto segments = m.s.a().segments(-1);
   EXPECT_EQ(format_block_report(segments, 5, m.names),
             format_block_table(segments, 5, m.names) + "\n" + format_pending_by_stream(segments, m.names));
+}
+
+BlockInfo block_at(const std::vector<BlockInfo>& blocks, const void* ptr) {
+  for (const BlockInfo& b : blocks) {
+    if (b.address == reinterpret_cast<std::uintptr_t>(ptr)) return b;
+  }
+  ADD_FAILURE() << "no block at " << ptr;
+  return {};
+}
+
+// Ages run from the allocation, and from the free where the device-locked path frees; a free on the
+// fast path reads no clock, so the block it parks keeps its allocation's time.
+TEST(Report, AgesRunFromTheAllocationOrAFreeOnTheDeviceLockedPath) {
+  SimSetup s{""};
+  const Stream stream = s.sim->create_stream(0);
+  const Stream user = s.sim->create_stream(0);
+  const auto wait = [] { std::this_thread::sleep_for(std::chrono::milliseconds(60)); };
+  void* p = s.a().allocate(4 * KiB, 0, stream);
+  s.a().deallocate(p, 4 * KiB, 0, stream);  // parks the block in the stream's hot list
+  void* q = s.a().allocate(4 * KiB, 0, stream);
+  ASSERT_EQ(q, p) << "the fast path serves the parked block";
+  wait();
+  EXPECT_GE(block_at(s.a().blocks(0), q).age_ms, 50.0);
+  s.a().deallocate(q, 4 * KiB, 0, stream);
+  const BlockInfo parked = block_at(s.a().blocks(0), q);
+  EXPECT_EQ(parked.state, BlockInfo::State::kFree);
+  EXPECT_GE(parked.age_ms, 50.0) << "the fast path's free keeps the allocation's time";
+
+  void* r = s.a().allocate(4 * KiB, 0, stream);
+  wait();
+  s.sim->enqueue(0, user, [] {});
+  s.a().record_stream(r, user);
+  s.a().deallocate(r, 4 * KiB, 0, stream);  // a block with another use: the device-locked path
+  const BlockInfo pending = block_at(s.a().blocks(0), r);
+  EXPECT_EQ(pending.state, BlockInfo::State::kPendingFree);
+  EXPECT_LT(pending.age_ms, 50.0) << "timed at the free";
+  s.sim->synchronize_all();
+  s.a().synchronize_fences();
+  s.a().validate();
 }
 
 }  // namespace

@@ -60,7 +60,9 @@ struct alignas(kCacheLine) Block {
   std::uint64_t settle_seq = 0;
   // Key of the free index the block sits in (owner stream, or a shared key for settled blocks).
   Stream index_key = 0;
-  Clock::time_point since{};  // allocated at (live) or freed at (pending/free)
+  // Allocated at (live) or freed at (pending/free), except that a free block parked in its stream's hot
+  // list keeps the time it was allocated (the fast path's free reads no clock: docs/design.md, "Locking").
+  Clock::time_point since{};
   // Intrusive links of the owner stream's list of unsettled blocks, in settle_seq order.
   Block* settle_prev = nullptr;
   Block* settle_next = nullptr;

@@ -24,7 +24,8 @@ struct BlockInfo {
   std::vector<Stream> recorded_streams;  // other streams recorded on it
   std::uint32_t record_stream_calls = 0;
   std::uint32_t pending_fences = 0;      // fences still to complete before reuse
-  double age_ms = 0;                     // since allocated (live) or freed (pending/free)
+  double age_ms = 0;                     // since allocated (live) or freed (pending/free); a free block
+                                         // whose free took the fast path: since it was allocated
 };
 
 struct SegmentInfo {
