@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <vector>
 
 #include "cache_line_allocator.hpp"
@@ -84,6 +85,11 @@ struct alignas(kCacheLine) Block {
   std::uint64_t alloc_tick = 0;
 
   bool is_split() const { return prev != nullptr || next != nullptr; }
+
+  // Blocks are made and deleted at every split and merge: each thread recycles the memory of the ones
+  // it deletes (block_storage.cpp).
+  static void* operator new(std::size_t size, std::align_val_t alignment);
+  static void operator delete(void* ptr, std::size_t size, std::align_val_t alignment) noexcept;
 };
 
 struct Segment {

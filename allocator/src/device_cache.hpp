@@ -359,9 +359,42 @@ class DeviceCache {
     (stats_.*field)[pool_index(pool)].decrease(amount);
   }
   // The stats the fast path changes too (shard_stats.hpp), changed by device-locked code: the device's
-  // part of `current`, its headroom, and, when every shard's headroom falls short, the peak.
-  void fast_stat_increase(FastStat s, PoolKind pool, std::int64_t amount);
-  void fast_stat_decrease(FastStat s, PoolKind pool, std::int64_t amount);
+  // part of `current`, its headroom, and, when every shard's headroom falls short, the peak. Inline for
+  // the common case, the device's headroom covering the increase in total and in the pool; drawing it
+  // from the shards or a new peak is out of line, so that the common case saves no registers.
+  void fast_stat_increase(FastStat s, PoolKind pool, std::int64_t amount) {
+    const auto i = static_cast<std::size_t>(s);
+    const auto q = static_cast<std::size_t>(pool_index(pool));
+    std::array<std::int64_t, kPoolKinds>& room = headroom_[i];
+    if (__builtin_expect(room[0] >= amount && room[q] >= amount, 1)) {
+      room[0] -= amount;
+      room[q] -= amount;
+    } else {
+      draw_headroom_for_increase(s, static_cast<int>(q), amount);
+    }
+    StatArray& stat = stats_.*kFastStatFields[i];
+    stat[0].current += amount;
+    stat[0].allocated += amount;
+    stat[q].current += amount;
+    stat[q].allocated += amount;
+  }
+  void fast_stat_decrease(FastStat s, PoolKind pool, std::int64_t amount) {
+    const auto i = static_cast<std::size_t>(s);
+    const auto q = static_cast<std::size_t>(pool_index(pool));
+    headroom_[i][0] += amount;
+    headroom_[i][q] += amount;
+    StatArray& stat = stats_.*kFastStatFields[i];
+    stat[0].current -= amount;
+    stat[0].freed += amount;
+    stat[q].current -= amount;
+    stat[q].freed += amount;
+  }
+  // fast_stat_increase's draw of `amount` of headroom in total and at pool index `q` when the device's
+  // own falls short of either.
+  [[gnu::noinline]] void draw_headroom_for_increase(FastStat s, int q, std::int64_t amount) {
+    draw_headroom(s, 0, amount);
+    draw_headroom(s, q, amount);
+  }
   // Moves shards' headroom of `s` at pool index `p` to the device's until it holds `needed` or every
   // shard (each locked until the call returns) has given all; returns the device's headroom after it.
   std::int64_t gather_headroom(FastStat s, int p, std::int64_t needed);

@@ -5,6 +5,10 @@
 // blocks back (quarantine).
 #include "device_cache.hpp"
 
+#include <algorithm>
+#include <array>
+#include <cassert>
+
 namespace streamalloc {
 
 void DeviceCache::insert_free(Block* block) {
@@ -52,12 +56,17 @@ void DeviceCache::flush_hot(StreamState& state, std::size_t keep) {
   auto& hot = state.hot;
   if (hot.size() <= keep) return;
   const std::size_t flush = hot.size() - keep;
-  std::vector<Block*> oldest(hot.begin(), hot.begin() + static_cast<std::ptrdiff_t>(flush));
+  // The list never holds more than one block past kHotBlocks (free_to_owner flushes it then), so the
+  // blocks to flush fit on the stack: a flush allocates nothing.
+  assert(flush <= StreamState::kHotBlocks + 1);
+  std::array<Block*, StreamState::kHotBlocks + 1> oldest;
+  std::copy_n(hot.begin(), flush, oldest.begin());
   hot.erase(hot.begin(), hot.begin() + static_cast<std::ptrdiff_t>(flush));
   state.publish_hot();
   // One at a time: a block still marked hot is not merged, so no block in `oldest` is merged away
   // (and deleted) before its own turn.
-  for (Block* block : oldest) {
+  for (std::size_t k = 0; k < flush; ++k) {
+    Block* block = oldest[k];
     block->hot = false;
     leave_shard(block);
     uncount_inactive_split(block);

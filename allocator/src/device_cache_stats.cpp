@@ -75,24 +75,6 @@ void DeviceCache::draw_headroom(FastStat s, int p, std::int64_t amount) {
   headroom -= amount;
 }
 
-void DeviceCache::fast_stat_increase(FastStat s, PoolKind pool, std::int64_t amount) {
-  StatArray& stat = stats_.*kFastStatFields[static_cast<std::size_t>(s)];
-  for (const int p : {0, pool_index(pool)}) {
-    draw_headroom(s, p, amount);
-    stat[static_cast<std::size_t>(p)].current += amount;
-    stat[static_cast<std::size_t>(p)].allocated += amount;
-  }
-}
-
-void DeviceCache::fast_stat_decrease(FastStat s, PoolKind pool, std::int64_t amount) {
-  StatArray& stat = stats_.*kFastStatFields[static_cast<std::size_t>(s)];
-  for (const int p : {0, pool_index(pool)}) {
-    headroom_[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)] += amount;
-    stat[static_cast<std::size_t>(p)].current -= amount;
-    stat[static_cast<std::size_t>(p)].freed += amount;
-  }
-}
-
 // The shard's fast path found a hot block but not the headroom to take it (a new peak, or headroom
 // that frees on the device-locked path or on other streams left elsewhere). What the shard lacks comes
 // from the device's headroom, then every shard's, then a higher peak; only what it lacks, so that
