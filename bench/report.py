@@ -393,7 +393,7 @@ def targets_section(context, runs, replays, torch_empty):
         rows.append([label, "<= 1x", "n/a", "not measured: " + why])
     return ("## Targets\n\n" + table(["target", "goal", "measured", "status"], rows)
             + "\n\nWhat limits each missed target: "
-              "[benchmarking.md, \"Where the targets stand\"](benchmarking.md#where-the-targets-stand-h200-2026-11-30-second-run).\n")
+              "[benchmarking.md, \"Where the targets stand\"](benchmarking.md#where-the-targets-stand-h200-2026-12-02).\n")
 
 
 # ---- plots ----
