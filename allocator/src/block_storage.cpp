@@ -12,12 +12,23 @@
 namespace streamalloc {
 namespace {
 
-constexpr std::size_t kSpareBlocks = 256;
+// Under AddressSanitizer every Block goes back to the heap, so that a use after its delete is caught.
+#if defined(__SANITIZE_ADDRESS__)
+#define STREAMALLOC_BLOCK_SPARES 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define STREAMALLOC_BLOCK_SPARES 0
+#endif
+#endif
+#ifndef STREAMALLOC_BLOCK_SPARES
+#define STREAMALLOC_BLOCK_SPARES 256
+#endif
+constexpr std::size_t kSpareBlocks = STREAMALLOC_BLOCK_SPARES;
 constexpr std::align_val_t kBlockAlignment{alignof(Block)};
 
 struct Spares {
   std::size_t count = 0;
-  void* slots[kSpareBlocks];
+  void* slots[kSpareBlocks > 0 ? kSpareBlocks : 1];
   Spares() = default;
   Spares(const Spares&) = delete;
   Spares& operator=(const Spares&) = delete;
@@ -52,6 +63,8 @@ Spares* thread_spares() {
 
 }  // namespace
 
+std::size_t block_spares_per_thread() { return kSpareBlocks; }
+
 void* Block::operator new(std::size_t size, std::align_val_t alignment) {
   Spares* spares = t_spares;
   if (spares != nullptr && spares->count > 0 && size == sizeof(Block) && alignment == kBlockAlignment) {
@@ -62,7 +75,7 @@ void* Block::operator new(std::size_t size, std::align_val_t alignment) {
 
 void Block::operator delete(void* ptr, std::size_t size, std::align_val_t alignment) noexcept {
   if (ptr == nullptr) return;
-  if (size == sizeof(Block) && alignment == kBlockAlignment) {
+  if (kSpareBlocks > 0 && size == sizeof(Block) && alignment == kBlockAlignment) {
     Spares* spares = nullptr;
     try {
       spares = thread_spares();
