@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cassert>
 
 namespace streamalloc {
 
@@ -54,23 +53,23 @@ void DeviceCache::settle(Block* block) {
 
 void DeviceCache::flush_hot(StreamState& state, std::size_t keep) {
   auto& hot = state.hot;
-  if (hot.size() <= keep) return;
-  const std::size_t flush = hot.size() - keep;
-  // The list never holds more than one block past kHotBlocks (free_to_owner flushes it then), so the
-  // blocks to flush fit on the stack: a flush allocates nothing.
-  assert(flush <= StreamState::kHotBlocks + 1);
+  // The oldest blocks leave the list first, on the stack (a flush allocates nothing): the list never
+  // holds more than one block past kHotBlocks (free_to_owner flushes it then), so one round does.
   std::array<Block*, StreamState::kHotBlocks + 1> oldest;
-  std::copy_n(hot.begin(), flush, oldest.begin());
-  hot.erase(hot.begin(), hot.begin() + static_cast<std::ptrdiff_t>(flush));
-  state.publish_hot();
-  // One at a time: a block still marked hot is not merged, so no block in `oldest` is merged away
-  // (and deleted) before its own turn.
-  for (std::size_t k = 0; k < flush; ++k) {
-    Block* block = oldest[k];
-    block->hot = false;
-    leave_shard(block);
-    uncount_inactive_split(block);
-    enter_free_lists(block);
+  while (hot.size() > keep) {
+    const std::size_t flush = std::min(hot.size() - keep, oldest.size());
+    std::copy_n(hot.begin(), flush, oldest.begin());
+    hot.erase(hot.begin(), hot.begin() + static_cast<std::ptrdiff_t>(flush));
+    state.publish_hot();
+    // One at a time: a block still marked hot is not merged, so no block in `oldest` is merged away
+    // (and deleted) before its own turn.
+    for (std::size_t k = 0; k < flush; ++k) {
+      Block* block = oldest[k];
+      block->hot = false;
+      leave_shard(block);
+      uncount_inactive_split(block);
+      enter_free_lists(block);
+    }
   }
 }
 
