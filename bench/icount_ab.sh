@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Instructions per C ABI alloc/free pair (same stream; with record_stream on a second stream) on the
-# simulated device, for two builds of libstreamalloc.so, counted by callgrind. Wall-clock medians on a
-# shared 2-core machine move by 30% between runs; instruction counts repeat.
+# Instructions per C ABI alloc/free pair (same stream; with record_stream on a second stream; in
+# many_streams' turns) on the simulated device, for two builds of libstreamalloc.so, counted by
+# callgrind. Wall-clock medians on a shared 2-core machine move by 30% between runs; instruction
+# counts repeat.
 # Usage: bench/icount_ab.sh BASE_LIB_DIR NEW_LIB_DIR     (each a build's lib/ folder)
 set -euo pipefail
 base=$1 new=$2
@@ -19,4 +20,10 @@ for mode in same cross; do
     b=$(per_pair "$base"); n=$(per_pair "$new")
     printf '%-6s %9s %10s %10s %7.3f\n' "$mode" "$bytes" "$b" "$n" "$(awk -v n="$n" -v b="$b" 'BEGIN { print n / b }')"
   done
+done
+# many_streams' turns (22 pairs each), on one stream and on 32 taking turns: the device-locked path.
+for streams in 1 32; do
+  per_turn_pair() { echo $(( ($(count "$1" turns 3200 "$streams") - $(count "$1" turns 320 "$streams")) / (2880 * 22) )); }
+  b=$(per_turn_pair "$base"); n=$(per_turn_pair "$new")
+  printf '%-6s %9s %10s %10s %7.3f\n' turns "${streams}str" "$b" "$n" "$(awk -v n="$n" -v b="$b" 'BEGIN { print n / b }')"
 done
