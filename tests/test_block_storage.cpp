@@ -1,7 +1,8 @@
 // Block memory (block_storage.cpp): a thread's deleted Blocks are its next ones, up to its spares;
-// blocks deleted on other threads, or past the spares, go to the heap and come back from it.
+// past them, and once the thread has ended, Blocks go to the heap and come back from it.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <thread>
 #include <unordered_set>
 #include <vector>
@@ -14,7 +15,11 @@ namespace {
 TEST(BlockStorage, AThreadsDeletedBlocksAreItsNextOnes) {
   if (block_spares_per_thread() == 0) GTEST_SKIP() << "no spares under AddressSanitizer: every Block is the heap's";
   std::vector<Block*> made;
-  for (int i = 0; i < 8; ++i) made.push_back(new Block);
+  for (int i = 0; i < 8; ++i) {
+    made.push_back(new Block);
+    made.back()->address = 0x1000 * static_cast<std::uintptr_t>(i + 1);  // state the next Block must not see
+    made.back()->recorded_streams.push_back(7);
+  }
   const std::unordered_set<Block*> deleted(made.begin(), made.end());
   for (Block* b : made) delete b;
   for (int i = 0; i < 8; ++i) {
