@@ -295,7 +295,7 @@ class DeviceCache {
   // ---- fences (device_cache_fences.cpp)
   bool close_batch(StreamState& state);  // record a fence for the open batch; false if it was empty
   void fence_after_free(const Block* block);
-  void release_pending(Block* block);
+  void release_pending(Block* block, Clock::time_point now);
   void finish_fence(StreamState& state, Fence& fence);
   // `missed`: the stream whose allocation missed the cache, whose own batch may wait
   // (defers_own_batch); nullptr closes every batch (process_fences).

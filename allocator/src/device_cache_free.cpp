@@ -129,9 +129,10 @@ void DeviceCache::drop_ended_capture_uses() {
     it = streams.empty() ? capture_uses_.erase(it) : std::next(it);
   }
   update_fast_path();
+  const Clock::time_point now = released.empty() ? Clock::time_point{} : Clock::now();
   for (Block* block : released) {
     if (trace_ != nullptr) trace_events::fenced_free_completed(*trace_, device_, *block, 0, nullptr);
-    release_pending(block);
+    release_pending(block, now);
   }
 }
 
