@@ -41,6 +41,51 @@ TEST(FenceBatching, ACrossStreamLoopOfMegabyteBlocksDoesNotFenceTheProducerAtEve
   s.a().validate();
 }
 
+// The poll that gets a stream's pending blocks back parks them in that stream's hot list, so the
+// allocations after it take them on the stream's shard alone: in the loop above, about one allocation
+// in two takes the device lock (every one did when released blocks went to the free lists), and the
+// segment stays the only one.
+TEST(FenceBatching, APollThatReleasesPendingBlocksParksThemForTheAllocationsAfterIt) {
+  SimSetup s("");
+  const Stream producer = s.sim->create_stream();
+  const Stream consumer = s.sim->create_stream();
+  constexpr int kPairs = 200;
+  for (int i = 0; i < kPairs; ++i) cross_stream_pair(s, producer, consumer);
+  EXPECT_LE(s.stats().allocations_device_locked, kPairs * 6 / 10);
+  EXPECT_EQ(s.stats().segment[0].current, 1);
+  s.a().validate();
+}
+
+// A free's fence pass that finds an earlier free's fence completed parks the block it releases in its
+// allocation stream's hot list: the stream's next allocation of its size takes it without the device
+// lock, and the stats stay exact (validate checks every peak against the currents and the headroom).
+TEST(FenceBatching, AFreesFencePassParksTheBlocksItReleasesForTheirAllocationStream) {
+  SimSetup s("");
+  const Stream producer = s.sim->create_stream();
+  const Stream consumer = s.sim->create_stream();
+  void* p = s.a().allocate(4 * KiB, 0, producer);
+  s.a().record_stream(p, consumer);
+  s.a().deallocate(p, 4 * KiB, 0, producer);  // pending; its fence is recorded on the consumer
+  ASSERT_EQ(s.sim->queued_items(0, consumer), 1u);
+  void* q = s.a().allocate(4 * KiB, 0, producer);
+  ASSERT_NE(q, p) << "p waits for its fence";
+  s.a().record_stream(q, consumer);
+  s.sim->synchronize_stream(0, consumer);
+  std::this_thread::sleep_for(std::chrono::microseconds(100));  // past the 20 us window: the free polls
+  s.a().deallocate(q, 4 * KiB, 0, producer);
+  const std::int64_t locked = s.stats().allocations_device_locked;
+  void* again = s.a().allocate(4 * KiB, 0, producer);
+  EXPECT_EQ(again, p);
+  EXPECT_EQ(s.stats().allocations_device_locked, locked) << "p was parked in the producer's hot list";
+  EXPECT_EQ(s.stats().pending_blocks.current, 1) << "q waits for its own fence";
+  s.a().validate();
+  s.a().deallocate(again, 4 * KiB, 0, producer);
+  s.sim->synchronize_stream(0, consumer);
+  s.a().process_fences();
+  EXPECT_EQ(s.stats().pending_blocks.current, 0);
+  s.a().validate();
+}
+
 // What the two tests below do on one stream: free a block of its own (it joins the stream's open batch),
 // and allocate a large block no cached block fits (a miss; each is kept, so each later one misses
 // too). Neither depends on how fast the machine runs the 20 us window of cross-stream frees or the

@@ -248,6 +248,8 @@ class DeviceCache {
   Block* reserve_fixed_segment(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream);
   Block* take(Block* block, std::size_t size, std::size_t requested, Stream stream);
   Block* hand_out(Block* block, std::size_t requested, Stream stream);  // mark allocated, account
+  void* hand_out_hot(StreamState& own, Block* hot, std::size_t requested);  // taken from own's hot list
+  Block* take_parked_by_poll(StreamState& own, const MemoryPool& pool, std::size_t size);
   [[noreturn]] void throw_larger_than_device(std::size_t requested, Stream stream);
   [[noreturn]] void throw_out_of_memory(std::size_t requested, std::size_t size, Stream stream);
 
@@ -259,6 +261,10 @@ class DeviceCache {
   void drop_ended_capture_uses();
   void free_to_owner(Block* block);
   void make_pending(Block* block);
+  void park_hot(StreamState& owner, Block* block);  // free, in its owner's open batch: into the hot list
+  // A released pending block is parked in its owner's hot list instead of merged, while park_released_
+  // is set and the list has room (docs/design.md, "Fences: batching and pipelining").
+  bool park_released(Block* block);
 
   // ---- free lists (device_cache_free_lists.cpp)
   void insert_free(Block* block);  // into the free lists and, when owned, the owner's settle list
@@ -389,6 +395,37 @@ class DeviceCache {
     stat[q].current -= amount;
     stat[q].freed += amount;
   }
+  // The same, spending `shard`'s headroom (its lock held) before the device's: a free with uses
+  // returns its headroom to its allocation stream's shard (account_freed), where that stream's next
+  // allocation, fast path or device-locked, looks for it; the device's, and the other shards', when
+  // the shard's falls short.
+  void fast_stat_increase(StreamState& shard, FastStat s, PoolKind pool, std::int64_t amount) {
+    const auto i = static_cast<std::size_t>(s);
+    const auto q = static_cast<std::size_t>(pool_index(pool));
+    std::array<std::int64_t, kPoolKinds>& room = shard.stats.headroom[i];
+    if (room[0] < amount || room[q] < amount) {
+      fast_stat_increase(s, pool, amount);
+      return;
+    }
+    room[0] -= amount;
+    room[q] -= amount;
+    StatArray& stat = stats_.*kFastStatFields[i];
+    stat[0].current += amount;
+    stat[0].allocated += amount;
+    stat[q].current += amount;
+    stat[q].allocated += amount;
+  }
+  void fast_stat_decrease(StreamState& shard, FastStat s, PoolKind pool, std::int64_t amount) {
+    const auto i = static_cast<std::size_t>(s);
+    const auto q = static_cast<std::size_t>(pool_index(pool));
+    shard.stats.headroom[i][0] += amount;
+    shard.stats.headroom[i][q] += amount;
+    StatArray& stat = stats_.*kFastStatFields[i];
+    stat[0].current -= amount;
+    stat[0].freed += amount;
+    stat[q].current -= amount;
+    stat[q].freed += amount;
+  }
   // fast_stat_increase's draw of `amount` of headroom in total and at pool index `q` when the device's
   // own falls short of either.
   [[gnu::noinline]] void draw_headroom_for_increase(FastStat s, int q, std::int64_t amount) {
@@ -405,9 +442,11 @@ class DeviceCache {
   // bytes (hand_out_parked's accounting), from the device's headroom, every shard's, or by raising the
   // peak.
   void give_headroom_for_unpark(StreamState& shard, const Block* block, std::size_t requested);
-  void account_allocated(const Block* block, std::size_t requested);  // handed out (and active)
-  void account_freed(const Block* block);                             // no longer allocated
-  void account_inactive(Block* block);  // no longer active: its requested bytes leave the stats
+  void account_allocated(StreamState& shard, const Block* block, std::size_t requested);  // handed out (and active)
+  // No longer allocated / no longer active (its requested bytes leave the stats). The headroom they
+  // return goes to `shard` (locked) when given, else to the device's.
+  void account_freed(const Block* block, StreamState* shard);
+  void account_inactive(Block* block, StreamState* shard);
   // (A block taken from or parked in a hot list changes only its shard's stats: device_cache_shards.cpp.)
   // The device's stats with every shard's part added: the device lock and every shard lock held.
   DeviceStats stats_with_shards() const;
@@ -471,6 +510,16 @@ class DeviceCache {
   static constexpr std::chrono::milliseconds kOwnBatchInterval{1};
   Clock::time_point last_fence_pass_{};
   Clock::time_point last_pending_poll_{};  // coarse clock: the allocation path's poll of pending blocks
+  // Set while a free's fence pass or an allocation's poll runs (park_released): where the blocks a
+  // fence releases are likely to be asked for next by the stream that allocated them.
+  bool park_released_ = false;
+  struct ParkingReleased {
+    explicit ParkingReleased(bool& flag) : flag_(flag) { flag_ = true; }
+    ~ParkingReleased() { flag_ = false; }
+    ParkingReleased(const ParkingReleased&) = delete;
+    ParkingReleased& operator=(const ParkingReleased&) = delete;
+    bool& flag_;
+  };
   // Expandable segments: the page size they map in (0 while the default pool uses fixed segments),
   // and the segment each (stream, size class) grows; older ones, full, still give free pages back.
   std::size_t expandable_page_bytes_ = 0;

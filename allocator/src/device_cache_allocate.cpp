@@ -56,12 +56,7 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
   const std::size_t size = size_policy::round_size(requested, options_);
   const PoolKind kind = size_policy::pool_for(size);
   if (&pool == &default_pool_) {
-    if (Block* hot = take_hot(own, size)) {
-      give_headroom_for_unpark(own, hot, requested);
-      hand_out_parked(own, hot, requested);
-      own.thread = this_thread_token();
-      return reinterpret_cast<void*>(hot->address);
-    }
+    if (Block* hot = take_hot(own, size)) return hand_out_hot(own, hot, requested);
     // A large-pool size the hot list cannot serve: the parked blocks join the free lists first, merged
     // with their neighbours, so the best fit below sees the free memory it would see without the hot
     // list (parked blocks left out of the best fit fragment the large pool). Small-pool blocks stay
@@ -80,7 +75,9 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
     const Clock::time_point now = coarse_now();
     if (now != last_pending_poll_) {
       last_pending_poll_ = now;
+      const ParkingReleased parking(park_released_);
       poll_fences(/*close_batches=*/false);
+      if (Block* hot = take_parked_by_poll(own, pool, size)) return hand_out_hot(own, hot, requested);
     }
   }
 
@@ -92,7 +89,11 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
     // after a new 2 MiB segment: flushing a thread's hot list sends its next allocations to the device
     // lock, where a miss of its own would flush the others' again (docs/design.md, "The allocation
     // path", step 2). A program that allocates from one thread flushes every hot list at once.
-    close_batches_and_poll(&own, HotLists::kThisThreads);
+    {
+      const ParkingReleased parking(park_released_);
+      close_batches_and_poll(&own, HotLists::kThisThreads);
+    }
+    if (Block* hot = take_parked_by_poll(own, pool, size)) return hand_out_hot(own, hot, requested);
     block = find_free(pool, kind, size, stream);
     if (block == nullptr && kind == PoolKind::kSmall) {
       block = reserve_segment(pool, kind, size, stream);
@@ -121,6 +122,20 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
   if (block == nullptr) throw_out_of_memory(requested, size, stream);
   own.thread = this_thread_token();
   return reinterpret_cast<void*>(take(block, size, requested, stream)->address);
+}
+
+// A poll on the allocation path parks the blocks it releases in their allocation streams' hot lists
+// (park_released): the allocating stream's may serve it.
+Block* DeviceCache::take_parked_by_poll(StreamState& own, const MemoryPool& pool, std::size_t size) {
+  if (&pool != &default_pool_ || own.parked.load(std::memory_order_relaxed) == 0) return nullptr;
+  return take_hot(own, size);
+}
+
+void* DeviceCache::hand_out_hot(StreamState& own, Block* hot, std::size_t requested) {
+  give_headroom_for_unpark(own, hot, requested);
+  hand_out_parked(own, hot, requested);
+  own.thread = this_thread_token();
+  return reinterpret_cast<void*>(hot->address);
 }
 
 // The smaller of the best owned and the best settled fit; ties go to the own stream.
@@ -230,9 +245,10 @@ Block* DeviceCache::hand_out(Block* block, std::size_t requested, Stream stream)
   block->record_stream_calls = 0;
   block->fences_left = 0;
   block->since = coarse_now();
-  stream_state(stream).live.insert(block->address, block);
+  StreamState& shard = stream_state(stream);
+  shard.live.insert(block->address, block);
   enter_shard(block);
-  account_allocated(block, requested);
+  account_allocated(shard, block, requested);
   if (size_policy::is_oversize(block->size, options_)) stats_.oversize_allocations.increase(1);
   if (aids_ != nullptr) aids_->on_allocate(*block);
   if (trace_ != nullptr) trace_events::alloc(*trace_, device_, *block);

@@ -29,6 +29,7 @@ void DeviceCache::fence_after_free(const Block* block) {
     return;
   }
   last_fence_pass_ = block->since;
+  const ParkingReleased parking(park_released_);
   // The free has happened; a device error in this opportunistic pass must not report it as failed.
   // The batch stays open and the next allocation that misses the cache fences it.
   try {
@@ -56,7 +57,7 @@ void DeviceCache::note_pending_changed(Clock::time_point when, const Stream* str
 void DeviceCache::release_pending(Block* block, Clock::time_point now) {
   stats_.pending_blocks.decrease(1);
   stats_.pending_bytes.decrease(static_cast<std::int64_t>(block->size));
-  account_inactive(block);
+  account_inactive(block, &stream_state(block->stream));
   // An aid's work on the block (poison) is new work on the allocation stream, so the block is safe for
   // other streams only after a fence recorded behind it: it rejoins the owner's open batch (its old
   // batch may have completed already).
@@ -73,6 +74,7 @@ void DeviceCache::release_pending(Block* block, Clock::time_point now) {
   block->state = BlockState::kFree;
   block->settled = false;
   block->recorded_streams.clear();
+  if (park_released(block)) return;
   make_available(block);
 }
 

@@ -44,14 +44,16 @@ void DeviceCache::free_live(Block* block) {
   if (!capture_uses_.empty()) drop_ended_capture_uses();
   stream_state(block->stream).live.erase(block->address);
   leave_shard(block);
-  account_freed(block);
+  // A free with uses returns its headroom to its stream's shard (account_freed says why).
+  StreamState* headroom_to = block->recorded_streams.empty() ? nullptr : &stream_state(block->stream);
+  account_freed(block, headroom_to);
   if (size_policy::is_oversize(block->size, options_)) stats_.oversize_allocations.decrease(1);
   if (aids_ != nullptr) aids_->on_free(*block);
   if (trace_ != nullptr) trace_events::free_requested(*trace_, device_, *block);
   if (block->recorded_streams.empty()) {
     block->since = coarse_now();
     if (aids_ != nullptr) aids_->on_reusable(*block);  // free_to_owner fences whatever an aid enqueued
-    account_inactive(block);
+    account_inactive(block, nullptr);
     free_to_owner(block);
   } else {
     block->since = Clock::now();  // precise: the free-to-reusable latency is measured from here
@@ -148,15 +150,44 @@ void DeviceCache::free_to_owner(Block* block) {
   // Private pools keep no hot list: their blocks go back to their own pool's free lists.
   if ((aids_ == nullptr || !aids_->holds_blocks()) && block->segment->owner == &default_pool_ &&
       owner.fences.completed_seq() < block->settle_seq) {
-    block->hot = true;
-    enter_shard(block);
-    count_inactive_split(block);
-    owner.hot.push_back(block);
-    owner.publish_hot();
+    park_hot(owner, block);
     if (owner.hot.size() > StreamState::kHotBlocks) flush_hot(owner, StreamState::kHotBlocks / 2);
     return;
   }
   make_available(block);
+}
+
+void DeviceCache::park_hot(StreamState& owner, Block* block) {
+  block->hot = true;
+  enter_shard(block);
+  // count_inactive_split, from the owner's headroom: its fast path's unpark returned it there.
+  if (block->is_split() && !block->counted_inactive_split) {
+    block->counted_inactive_split = true;
+    fast_stat_increase(owner, kInactiveSplit, block->segment->pool, 1);
+    fast_stat_increase(owner, kInactiveSplitBytes, block->segment->pool, static_cast<std::int64_t>(block->size));
+  }
+  owner.hot.push_back(block);
+  owner.publish_hot();
+}
+
+// A pending block whose fences have all completed is safe for its allocation stream, like a block
+// freed there without other uses, and that stream is the one likely to ask for its size next (a
+// cross-stream loop allocates on the producer, uses on the consumer, frees). So during a free's fence
+// pass and an allocation's polls (park_released_), the block is parked in its owner's hot
+// list, where the next allocation of its size takes it back on the stream's shard lock alone, without
+// the merge into the free lists and the split out of them. Only where the allocation path keeps
+// parked blocks anyway: small-pool blocks of fixed segments of the default pool, no aid, a block its
+// owner's fence has not settled yet (a settled block serves every stream from the free lists), and
+// room in the list (a fence releases dozens of frees at once; the rest are merged as before).
+bool DeviceCache::park_released(Block* block) {
+  if (!park_released_ || aids_ != nullptr || block->segment->owner != &default_pool_ ||
+      block->segment->pool != PoolKind::kSmall || grows_expandable(default_pool_)) {
+    return false;
+  }
+  StreamState& owner = stream_state(block->stream);
+  if (owner.hot.size() >= StreamState::kHotBlocks || owner.fences.completed_seq() >= block->settle_seq) return false;
+  park_hot(owner, block);
+  return true;
 }
 
 // Other uses: the block waits for a fence on every stream it was used on. It joins the open batch of
