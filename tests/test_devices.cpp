@@ -90,6 +90,32 @@ TEST_F(Devices, AFreeOnAnotherStreamOfTheDeviceIsOneMoreUse) {
   ASSERT_NO_THROW(a().validate());
 }
 
+// record_stream finds the stream's device in the caches' stream tables (each checked the stream when
+// it first used it), so a stream a device has used costs no backend query; one of another device is
+// still refused.
+TEST_F(Devices, RecordStreamOnAStreamTheDeviceHasUsedAsksTheBackendNothing) {
+  const Stream side = setup_.sim->create_stream(2);
+  void* first = a().allocate(4 * KiB, 2, streams_[2]);
+  a().record_stream(first, side);
+  a().deallocate(first, 4 * KiB, 2, streams_[2]);  // pending on `side`: device 2 has used it
+  void* second = a().allocate(4 * KiB, 2, streams_[2]);
+  const std::uint64_t before = setup_.sim->counters().stream_device_queries;
+  a().record_stream(second, side);
+  EXPECT_EQ(setup_.sim->counters().stream_device_queries, before);
+  try {
+    a().record_stream(second, streams_[0]);
+    FAIL() << "a stream of device 0 was recorded on a block of device 2";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("belongs to device 0"), std::string::npos) << e.what();
+  }
+  a().deallocate(second, 4 * KiB, 2, streams_[2]);
+  setup_.sim->synchronize_all();
+  a().process_fences();
+  EXPECT_EQ(live(2), 0);
+  EXPECT_EQ(setup_.stats(2).pending_blocks.current, 0);
+  ASSERT_NO_THROW(a().validate());
+}
+
 TEST_F(Devices, MisnamedDevicesAndDoubleFreesAreRefusedAndChangeNothing) {
   void* ptr = a().allocate(4 * KiB, 1, streams_[1]);
   try {

@@ -153,17 +153,32 @@ void Allocator::deallocate(void* ptr, std::size_t size, int device, Stream strea
   cache(first).reject_free(ptr);
 }
 
+// A cache that has used a stream checked on first sight that the stream is its device's
+// (DeviceCache::find_or_add_stream), so a lock-free look at each cache's stream table names the
+// device without asking the backend (cudaStreamGetDevice; on the simulated device, its one mutex, at
+// every call). Only a stream no cache has used yet, and the default stream (every device's), ask.
+int Allocator::stream_device_hint(Stream stream) const {
+  if (device_count() == 1) return 0;
+  if (stream != 0) {
+    for (int d = 0; d < device_count(); ++d) {
+      if (caches_[static_cast<std::size_t>(d)]->knows_stream(stream)) return d;
+    }
+  }
+  return backend_->stream_device(stream);
+}
+
 void Allocator::record_stream(void* ptr, Stream stream) {
-  // With one device there is nothing to route (and the cache checks a new stream's device on first
-  // sight), so the hot path skips the driver query.
-  const int stream_device = device_count() == 1 ? 0 : backend_->stream_device(stream);
   // The common case costs one lookup: the block lives on the stream's device.
-  DeviceCache& home = cache(stream_device >= 0 && stream_device < device_count() ? stream_device : 0);
+  const int hinted = stream_device_hint(stream);
+  DeviceCache& home = cache(hinted >= 0 && hinted < device_count() ? hinted : 0);
   if (home.record_stream(ptr, stream)) return;
+  // Off the common path the backend says where the stream belongs (a hint from a cache's table may be
+  // a destroyed stream's handle, reused on another device).
+  const int stream_device = device_count() == 1 ? 0 : backend_->stream_device(stream);
   const int device = find_device(ptr, -1);
   if (device < 0) {
     // Not live anywhere: counted (and audited) by the device the stream belongs to.
-    home.record_stream_not_live(ptr, stream);
+    cache(stream_device >= 0 && stream_device < device_count() ? stream_device : 0).record_stream_not_live(ptr, stream);
     return;
   }
   if (stream_device >= 0 && stream_device != device) {

@@ -558,6 +558,7 @@ DeviceMemoryInfo SimBackend::memory_info(int device) {
 int SimBackend::stream_device(Stream stream) {
   if (stream == 0) return -1;  // the default stream exists on every device
   State::Lock lock(state_->mutex);
+  ++state_->counters.stream_device_queries;
   auto it = state_->streams.find(stream);
   return it == state_->streams.end() ? -1 : it->second.device;
 }

@@ -167,6 +167,7 @@ class Allocator {
   bool serves(int device) const;  // not shut down, and `device` exists
   [[noreturn, gnu::noinline, gnu::cold]] void refuse_device(int device) const;  // shut down, or no such device
   int find_device(const void* ptr, int hint) const;
+  int stream_device_hint(Stream stream) const;  // record_stream's first guess at the stream's device
 
   Options options_;
   std::shared_ptr<Backend> backend_;

@@ -68,6 +68,7 @@ class SimBackend final : public Backend {
     std::uint64_t event_records = 0;
     std::uint64_t event_queries = 0;
     std::uint64_t stream_queries = 0;
+    std::uint64_t stream_device_queries = 0;  // stream_device calls on a stream other than the default
     std::uint64_t event_synchronizes = 0;
     std::uint64_t stream_waits = 0;
     std::uint64_t memsets = 0;
