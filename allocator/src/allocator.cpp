@@ -168,9 +168,10 @@ int Allocator::stream_device_hint(Stream stream) const {
 }
 
 void Allocator::record_stream(void* ptr, Stream stream) {
+  // A stream's device as the backend or a table names it, or device 0 for none (the default stream).
+  const auto cache_of = [&](int device) -> DeviceCache& { return cache(device >= 0 && device < device_count() ? device : 0); };
   // The common case costs one lookup: the block lives on the stream's device.
-  const int hinted = stream_device_hint(stream);
-  DeviceCache& home = cache(hinted >= 0 && hinted < device_count() ? hinted : 0);
+  DeviceCache& home = cache_of(stream_device_hint(stream));
   if (home.record_stream(ptr, stream)) return;
   // Off the common path the backend says where the stream belongs (a hint from a cache's table may be
   // a destroyed stream's handle, reused on another device).
@@ -178,7 +179,7 @@ void Allocator::record_stream(void* ptr, Stream stream) {
   const int device = find_device(ptr, -1);
   if (device < 0) {
     // Not live anywhere: counted (and audited) by the device the stream belongs to.
-    cache(stream_device >= 0 && stream_device < device_count() ? stream_device : 0).record_stream_not_live(ptr, stream);
+    cache_of(stream_device).record_stream_not_live(ptr, stream);
     return;
   }
   if (stream_device >= 0 && stream_device != device) {

@@ -264,7 +264,7 @@ class DeviceCache {
   void park_hot(StreamState& owner, Block* block);  // free, in its owner's open batch: into the hot list
   // A released pending block is parked in its owner's hot list instead of merged, while park_released_
   // is set and the list has room (docs/design.md, "Fences: batching and pipelining").
-  bool park_released(Block* block);
+  bool park_released(StreamState& owner, Block* block);
 
   // ---- free lists (device_cache_free_lists.cpp)
   void insert_free(Block* block);  // into the free lists and, when owned, the owner's settle list
@@ -283,12 +283,13 @@ class DeviceCache {
   void enter_free_lists_after_hold(const std::vector<Block*>& released);
   // A free block inside a segment that is not entirely free counts as an inactive split (PyTorch's
   // definition); the flag makes counting idempotent. Inline: every cached alloc and free passes here.
-  // `split`: the block's is_split() (a shard's block passes split_in_shard).
-  void count_inactive_split(Block* block, bool split) {
+  // `split`: the block's is_split() (a shard's block passes split_in_shard). `shard`: whose headroom
+  // is spent first (fast_stat_increase).
+  void count_inactive_split(Block* block, bool split, StreamState* shard = nullptr) {
     if (block->counted_inactive_split || !split) return;
     block->counted_inactive_split = true;
-    fast_stat_increase(kInactiveSplit, block->segment->pool, 1);
-    fast_stat_increase(kInactiveSplitBytes, block->segment->pool, static_cast<std::int64_t>(block->size));
+    fast_stat_increase(kInactiveSplit, block->segment->pool, 1, shard);
+    fast_stat_increase(kInactiveSplitBytes, block->segment->pool, static_cast<std::int64_t>(block->size), shard);
   }
   void count_inactive_split(Block* block) { count_inactive_split(block, block->is_split()); }
   void uncount_inactive_split(Block* block) {
@@ -368,11 +369,16 @@ class DeviceCache {
   // part of `current`, its headroom, and, when every shard's headroom falls short, the peak. Inline for
   // the common case, the device's headroom covering the increase in total and in the pool; drawing it
   // from the shards or a new peak is out of line, so that the common case saves no registers.
-  void fast_stat_increase(FastStat s, PoolKind pool, std::int64_t amount) {
+  // `shard` (locked), when given: its headroom is spent before the device's, and a decrease returns it
+  // there. A free with uses returns its headroom to its allocation stream's shard (account_freed),
+  // where that stream's next allocation, fast path or device-locked, looks for it.
+  void fast_stat_increase(FastStat s, PoolKind pool, std::int64_t amount, StreamState* shard = nullptr) {
     const auto i = static_cast<std::size_t>(s);
     const auto q = static_cast<std::size_t>(pool_index(pool));
-    std::array<std::int64_t, kPoolKinds>& room = headroom_[i];
-    if (__builtin_expect(room[0] >= amount && room[q] >= amount, 1)) {
+    const auto covers = [&](const std::array<std::int64_t, kPoolKinds>& r) { return r[0] >= amount && r[q] >= amount; };
+    std::array<std::int64_t, kPoolKinds>& room =
+        shard != nullptr && covers(shard->stats.headroom[i]) ? shard->stats.headroom[i] : headroom_[i];
+    if (__builtin_expect(covers(room), 1)) {
       room[0] -= amount;
       room[q] -= amount;
     } else {
@@ -384,42 +390,12 @@ class DeviceCache {
     stat[q].current += amount;
     stat[q].allocated += amount;
   }
-  void fast_stat_decrease(FastStat s, PoolKind pool, std::int64_t amount) {
+  void fast_stat_decrease(FastStat s, PoolKind pool, std::int64_t amount, StreamState* shard = nullptr) {
     const auto i = static_cast<std::size_t>(s);
     const auto q = static_cast<std::size_t>(pool_index(pool));
-    headroom_[i][0] += amount;
-    headroom_[i][q] += amount;
-    StatArray& stat = stats_.*kFastStatFields[i];
-    stat[0].current -= amount;
-    stat[0].freed += amount;
-    stat[q].current -= amount;
-    stat[q].freed += amount;
-  }
-  // The same, spending `shard`'s headroom (its lock held) before the device's: a free with uses
-  // returns its headroom to its allocation stream's shard (account_freed), where that stream's next
-  // allocation, fast path or device-locked, looks for it; the device's, and the other shards', when
-  // the shard's falls short.
-  void fast_stat_increase(StreamState& shard, FastStat s, PoolKind pool, std::int64_t amount) {
-    const auto i = static_cast<std::size_t>(s);
-    const auto q = static_cast<std::size_t>(pool_index(pool));
-    std::array<std::int64_t, kPoolKinds>& room = shard.stats.headroom[i];
-    if (room[0] < amount || room[q] < amount) {
-      fast_stat_increase(s, pool, amount);
-      return;
-    }
-    room[0] -= amount;
-    room[q] -= amount;
-    StatArray& stat = stats_.*kFastStatFields[i];
-    stat[0].current += amount;
-    stat[0].allocated += amount;
-    stat[q].current += amount;
-    stat[q].allocated += amount;
-  }
-  void fast_stat_decrease(StreamState& shard, FastStat s, PoolKind pool, std::int64_t amount) {
-    const auto i = static_cast<std::size_t>(s);
-    const auto q = static_cast<std::size_t>(pool_index(pool));
-    shard.stats.headroom[i][0] += amount;
-    shard.stats.headroom[i][q] += amount;
+    std::array<std::int64_t, kPoolKinds>& room = shard != nullptr ? shard->stats.headroom[i] : headroom_[i];
+    room[0] += amount;
+    room[q] += amount;
     StatArray& stat = stats_.*kFastStatFields[i];
     stat[0].current -= amount;
     stat[0].freed += amount;

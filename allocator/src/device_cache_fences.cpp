@@ -57,12 +57,13 @@ void DeviceCache::note_pending_changed(Clock::time_point when, const Stream* str
 void DeviceCache::release_pending(Block* block, Clock::time_point now) {
   stats_.pending_blocks.decrease(1);
   stats_.pending_bytes.decrease(static_cast<std::int64_t>(block->size));
-  account_inactive(block, &stream_state(block->stream));
+  StreamState& owner = stream_state(block->stream);
+  account_inactive(block, &owner);
   // An aid's work on the block (poison) is new work on the allocation stream, so the block is safe for
   // other streams only after a fence recorded behind it: it rejoins the owner's open batch (its old
   // batch may have completed already).
   if (aids_ != nullptr && aids_->on_reusable(*block)) {
-    block->settle_seq = stream_state(block->stream).fences.join_as_owner();
+    block->settle_seq = owner.fences.join_as_owner();
   }
   const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(now - block->since).count();
   for (std::size_t i = 0; i < kLatencyBucketUs.size(); ++i) {
@@ -74,7 +75,7 @@ void DeviceCache::release_pending(Block* block, Clock::time_point now) {
   block->state = BlockState::kFree;
   block->settled = false;
   block->recorded_streams.clear();
-  if (park_released(block)) return;
+  if (park_released(owner, block)) return;
   make_available(block);
 }
 

@@ -42,11 +42,11 @@ bool DeviceCache::deallocate_locked(std::uintptr_t address, std::size_t size_hin
 // `block` is live, its shard locked: it leaves the shard (free_to_owner may park it there again).
 void DeviceCache::free_live(Block* block) {
   if (!capture_uses_.empty()) drop_ended_capture_uses();
-  stream_state(block->stream).live.erase(block->address);
+  StreamState& owner = stream_state(block->stream);
+  owner.live.erase(block->address);
   leave_shard(block);
   // A free with uses returns its headroom to its stream's shard (account_freed says why).
-  StreamState* headroom_to = block->recorded_streams.empty() ? nullptr : &stream_state(block->stream);
-  account_freed(block, headroom_to);
+  account_freed(block, block->recorded_streams.empty() ? nullptr : &owner);
   if (size_policy::is_oversize(block->size, options_)) stats_.oversize_allocations.decrease(1);
   if (aids_ != nullptr) aids_->on_free(*block);
   if (trace_ != nullptr) trace_events::free_requested(*trace_, device_, *block);
@@ -160,12 +160,8 @@ void DeviceCache::free_to_owner(Block* block) {
 void DeviceCache::park_hot(StreamState& owner, Block* block) {
   block->hot = true;
   enter_shard(block);
-  // count_inactive_split, from the owner's headroom: its fast path's unpark returned it there.
-  if (block->is_split() && !block->counted_inactive_split) {
-    block->counted_inactive_split = true;
-    fast_stat_increase(owner, kInactiveSplit, block->segment->pool, 1);
-    fast_stat_increase(owner, kInactiveSplitBytes, block->segment->pool, static_cast<std::int64_t>(block->size));
-  }
+  // From the owner's headroom first: its fast path's unpark returned it there.
+  count_inactive_split(block, block->is_split(), &owner);
   owner.hot.push_back(block);
   owner.publish_hot();
 }
@@ -179,12 +175,11 @@ void DeviceCache::park_hot(StreamState& owner, Block* block) {
 // parked blocks anyway: small-pool blocks of fixed segments of the default pool, no aid, a block its
 // owner's fence has not settled yet (a settled block serves every stream from the free lists), and
 // room in the list (a fence releases dozens of frees at once; the rest are merged as before).
-bool DeviceCache::park_released(Block* block) {
+bool DeviceCache::park_released(StreamState& owner, Block* block) {
   if (!park_released_ || aids_ != nullptr || block->segment->owner != &default_pool_ ||
       block->segment->pool != PoolKind::kSmall || grows_expandable(default_pool_)) {
     return false;
   }
-  StreamState& owner = stream_state(block->stream);
   if (owner.hot.size() >= StreamState::kHotBlocks || owner.fences.completed_seq() >= block->settle_seq) return false;
   park_hot(owner, block);
   return true;

@@ -164,47 +164,33 @@ std::int64_t DeviceCache::allocated_bytes_now() const {
 void DeviceCache::account_allocated(StreamState& shard, const Block* block, std::size_t requested) {
   const PoolKind pool = block->segment->pool;
   const auto size = static_cast<std::int64_t>(block->size);
-  fast_stat_increase(shard, kAllocation, pool, 1);
-  fast_stat_increase(shard, kAllocatedBytes, pool, size);
-  fast_stat_increase(shard, kRequestedBytes, pool, static_cast<std::int64_t>(requested));
-  fast_stat_increase(shard, kActive, pool, 1);
-  fast_stat_increase(shard, kActiveBytes, pool, size);
+  fast_stat_increase(kAllocation, pool, 1, &shard);
+  fast_stat_increase(kAllocatedBytes, pool, size, &shard);
+  fast_stat_increase(kRequestedBytes, pool, static_cast<std::int64_t>(requested), &shard);
+  fast_stat_increase(kActive, pool, 1, &shard);
+  fast_stat_increase(kActiveBytes, pool, size, &shard);
 }
 
 // Which headroom a free returns: a block freed with uses (the frees of a cross-stream loop) comes
 // back to its allocation stream after its fences, parked in that stream's hot list where it can
 // (park_released), and the stream's next allocation takes it on the fast path; so its free and its
 // release give their headroom to the stream's shard, which that allocation draws. Other device-locked
-// frees give it to the device: a shard keeps what its own fast path returns, and headroom given to
-// shards whose streams allocate on the device-locked path would have to be gathered back from every
-// shard (32 streams taking turns: 2.8x the instructions per pair).
+// frees give it to the device (`shard` null): a shard keeps what its own fast path returns, and
+// headroom given to shards whose streams allocate on the device-locked path would have to be gathered
+// back from every shard (32 streams taking turns: 2.8x the instructions per pair).
 void DeviceCache::account_freed(const Block* block, StreamState* shard) {
   const PoolKind pool = block->segment->pool;
-  const auto size = static_cast<std::int64_t>(block->size);
-  if (shard != nullptr) {
-    fast_stat_decrease(*shard, kAllocation, pool, 1);
-    fast_stat_decrease(*shard, kAllocatedBytes, pool, size);
-  } else {
-    fast_stat_decrease(kAllocation, pool, 1);
-    fast_stat_decrease(kAllocatedBytes, pool, size);
-  }
+  fast_stat_decrease(kAllocation, pool, 1, shard);
+  fast_stat_decrease(kAllocatedBytes, pool, static_cast<std::int64_t>(block->size), shard);
 }
 
 // Requested bytes stay counted while a freed block is pending, as PyTorch counts them until the
 // block's events complete (requested_bytes follows active blocks, not allocated ones).
 void DeviceCache::account_inactive(Block* block, StreamState* shard) {
   const PoolKind pool = block->segment->pool;
-  const auto size = static_cast<std::int64_t>(block->size);
-  const auto requested = static_cast<std::int64_t>(block->requested);
-  if (shard != nullptr) {
-    fast_stat_decrease(*shard, kActive, pool, 1);
-    fast_stat_decrease(*shard, kActiveBytes, pool, size);
-    fast_stat_decrease(*shard, kRequestedBytes, pool, requested);
-  } else {
-    fast_stat_decrease(kActive, pool, 1);
-    fast_stat_decrease(kActiveBytes, pool, size);
-    fast_stat_decrease(kRequestedBytes, pool, requested);
-  }
+  fast_stat_decrease(kActive, pool, 1, shard);
+  fast_stat_decrease(kActiveBytes, pool, static_cast<std::int64_t>(block->size), shard);
+  fast_stat_decrease(kRequestedBytes, pool, static_cast<std::int64_t>(block->requested), shard);
   block->requested = 0;
 }
 
