@@ -14,15 +14,14 @@
 // (default 2). Prints the aggregate M pairs/s of each row (medians of the rounds) and its ratio to
 // one thread on one device, then checks every device's invariants and that nothing stayed allocated.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "run_threads.hpp"
 #include "streamalloc/allocator.hpp"
 #include "streamalloc/backend_factory.hpp"
 #include "streamalloc/sim_backend.hpp"
@@ -116,16 +115,13 @@ void pairs_on(Allocator& allocator, int device, Streams streams, long pairs, boo
   }
 }
 
-// Wall seconds for `threads` threads, thread t on device_of(t) with its own streams.
+// Wall seconds for one thread per entry of `device_of`, thread t on device device_of[t] with its own streams.
 double run(Allocator& allocator, const std::vector<int>& device_of, const std::vector<Streams>& streams, long pairs,
            bool cross) {
-  const auto start = std::chrono::steady_clock::now();
-  std::vector<std::thread> pool;
-  for (std::size_t t = 0; t < device_of.size(); ++t) {
-    pool.emplace_back([&, t] { pairs_on(allocator, device_of[t], streams[t], pairs, cross); });
-  }
-  for (std::thread& thread : pool) thread.join();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return streamalloc::bench::run_threads(static_cast<int>(device_of.size()), [&](int t) {
+    const auto k = static_cast<std::size_t>(t);
+    pairs_on(allocator, device_of[k], streams[k], pairs, cross);
+  });
 }
 
 double median(std::vector<double> v) {

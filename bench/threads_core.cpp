@@ -16,15 +16,14 @@
 // run again right after the round): how the rate moves as a long-running process's peaks settle, and
 // whether a slow round was the allocator's or the machine's.
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "run_threads.hpp"
 #include "streamalloc/allocator.hpp"
 #include "streamalloc/sim_backend.hpp"
 
@@ -33,7 +32,7 @@ namespace {
 using streamalloc::Allocator;
 using streamalloc::DeviceStats;
 using streamalloc::Stream;
-using Seconds = std::chrono::duration<double>;
+using streamalloc::bench::run_threads;
 
 [[noreturn]] void usage(const std::string& problem) {
   std::fprintf(stderr,
@@ -54,24 +53,6 @@ std::vector<int> parse_threads(const std::string& list) {
     start = comma + 1;
   }
   return out;
-}
-
-// Runs `work(t)` on T threads at once; returns the wall time and each thread's own time.
-template <typename F>
-double run_threads(int threads, F&& work, std::vector<double>* each = nullptr) {
-  std::vector<double> times(static_cast<std::size_t>(threads));
-  const auto start = std::chrono::steady_clock::now();
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&, t] {
-      const auto mine = std::chrono::steady_clock::now();
-      work(t);
-      times[static_cast<std::size_t>(t)] = Seconds(std::chrono::steady_clock::now() - mine).count();
-    });
-  }
-  for (std::thread& thread : pool) thread.join();
-  if (each != nullptr) *each = times;
-  return Seconds(std::chrono::steady_clock::now() - start).count();
 }
 
 // Arithmetic on a cache line of the thread's own: what T threads do when they share nothing.
