@@ -1,8 +1,11 @@
-// What one CUDA runtime call costs on this host, on idle streams and completed events: ns per call,
-// the median of 21 batches of 20,000 calls. These are the calls the fence path makes (docs/design.md,
-// "Fences: batching and pipelining"): a miss that polls asks every known stream whether it captures,
-// and a stream with pending blocks whether it is idle.
+// What one CUDA runtime call, and the driver call under it, costs on this host, on idle streams and
+// completed events: ns per call, the median of 21 batches of 20,000 calls. These are the calls the
+// fence path makes (docs/design.md, "Fences: batching and pipelining"): a miss that polls asks every
+// known stream whether it captures, and a stream with pending blocks whether it is idle. The driver's
+// entry points are asked of the runtime, as CudaBackend asks for them.
 // Usage: nvcc -O2 bench/cuda_call_cost.cpp -o /tmp/cuda_call_cost && /tmp/cuda_call_cost
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -26,6 +29,17 @@ double ns_per_call(Call call) {
   return batches[batches.size() / 2];
 }
 
+template <class Fn>
+Fn driver_entry(const char* symbol) {
+  void* address = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(symbol, &address, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    return nullptr;
+  }
+  return reinterpret_cast<Fn>(address);
+}
+
 }  // namespace
 
 int main() {
@@ -46,6 +60,20 @@ int main() {
   std::printf("cudaEventRecord                  %7.1f ns\n", ns_per_call([&] { cudaEventRecord(event, stream); }));
   cudaStreamSynchronize(stream);
   std::printf("cudaEventQuery (completed)       %7.1f ns\n", ns_per_call([&] { cudaEventQuery(event); }));
+  auto is_capturing = driver_entry<PFN_cuStreamIsCapturing_v10000>("cuStreamIsCapturing");
+  auto stream_query = driver_entry<PFN_cuStreamQuery_v2000>("cuStreamQuery");
+  auto event_query = driver_entry<PFN_cuEventQuery_v2000>("cuEventQuery");
+  if (is_capturing == nullptr || stream_query == nullptr || event_query == nullptr) {
+    std::fprintf(stderr, "cuda_call_cost: the driver gave no stream or event query entry points\n");
+    return 1;
+  }
+  CUstreamCaptureStatus driver_status = CU_STREAM_CAPTURE_STATUS_NONE;
+  std::printf("cuStreamIsCapturing              %7.1f ns\n",
+              ns_per_call([&] { is_capturing(reinterpret_cast<CUstream>(stream), &driver_status); }));
+  std::printf("cuStreamQuery (idle)             %7.1f ns\n",
+              ns_per_call([&] { stream_query(reinterpret_cast<CUstream>(stream)); }));
+  std::printf("cuEventQuery (completed)         %7.1f ns\n",
+              ns_per_call([&] { event_query(reinterpret_cast<CUevent>(event)); }));
   cudaEventDestroy(event);
   cudaStreamDestroy(stream);
   return 0;

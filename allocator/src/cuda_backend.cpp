@@ -8,9 +8,11 @@
 // next call starts clean.
 //
 // Virtual memory uses the driver API (cuMemAddressReserve, cuMemCreate, cuMemMap, ...), which the
-// runtime does not wrap. Its entry points are asked of the runtime once (cudaGetDriverEntryPoint), so
-// the library still links only the runtime and a driver without them only means "not supported", as
-// PyTorch loads the driver API lazily. Each device keeps an AddressRanges: the ranges it reserved and
+// runtime does not wrap, and the fence path's stream and event queries ask the driver first (a
+// runtime call's entry is a share of their cost; DriverQueries). Driver entry points are asked of the
+// runtime once (cudaGetDriverEntryPoint), so the library still links only the runtime and a driver
+// without them only means "not supported" (or "ask the runtime"), as PyTorch loads the driver API
+// lazily. Each device keeps an AddressRanges: the ranges it reserved and
 // the physical handle of every mapped page, which unmapping needs to release the memory.
 #include "streamalloc/cuda_backend.hpp"
 
@@ -127,11 +129,27 @@ cudaError_t probe_device_count(int* count) {
 
 // ---- the driver's virtual-memory API ----
 
-// The driver entry points virtual memory needs. Each pointer has the ABI of its typedef; they are
-// asked for as of CUDA 12.0 (kDriverAbi), whose versions of these functions the typedefs are.
-struct DriverVm {
-  static constexpr unsigned int kDriverAbi = 12000;
+// A driver entry point, asked of the runtime as of CUDA 12.0 (kDriverAbi, whose versions of the
+// functions the typedefs used here are); null when the driver does not have it.
+constexpr unsigned int kDriverAbi = 12000;
 
+void* find_driver_entry(const char* symbol) {
+  void* address = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+  const cudaError_t err = cudaGetDriverEntryPointByVersion(symbol, &address, kDriverAbi, cudaEnableDefault, &found);
+#else
+  const cudaError_t err = cudaGetDriverEntryPoint(symbol, &address, cudaEnableDefault, &found);
+#endif
+  if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || address == nullptr) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return address;
+}
+
+// The driver entry points virtual memory needs. Each pointer has the ABI of its typedef (kDriverAbi).
+struct DriverVm {
   PFN_cuGetErrorName_v6000 get_error_name = nullptr;
   PFN_cuGetErrorString_v6000 get_error_string = nullptr;
   PFN_cuDeviceGet_v2000 device_get = nullptr;
@@ -172,19 +190,45 @@ struct DriverVm {
 
   template <typename Fn>
   void find(const char* symbol, Fn& fn) {
-    void* address = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-#if CUDART_VERSION >= 12050
-    const cudaError_t err = cudaGetDriverEntryPointByVersion(symbol, &address, kDriverAbi, cudaEnableDefault, &found);
-#else
-    const cudaError_t err = cudaGetDriverEntryPoint(symbol, &address, cudaEnableDefault, &found);
-#endif
-    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || address == nullptr) {
-      (void)cudaGetLastError();
+    void* address = find_driver_entry(symbol);
+    if (address == nullptr) {
       if (missing.empty()) missing = symbol;
       return;
     }
     fn = reinterpret_cast<Fn>(address);
+  }
+};
+
+// ---- the driver's stream and event queries ----
+
+// The fence path's queries of a created stream or of an event, straight from the driver. A miss that
+// polls asks every stream the cache knows whether it captures and a stream with pending blocks whether
+// it is idle; through the runtime each call also pays its entry (bench/cuda_call_cost.cpp measures
+// both). Only the answers "yes", "no" and "not ready" are taken from the driver: any other result (no
+// context current on this thread, a real error) asks the runtime again, which binds the context and
+// reports errors in its own words. Default streams always go through the runtime (they belong to the
+// current device).
+struct DriverQueries {
+  PFN_cuStreamIsCapturing_v10000 stream_is_capturing = nullptr;
+  PFN_cuStreamQuery_v2000 stream_query = nullptr;
+  PFN_cuEventQuery_v2000 event_query = nullptr;
+
+  static const DriverQueries& get() {
+    static const DriverQueries driver = load();
+    return driver;
+  }
+
+ private:
+  static DriverQueries load() {
+    DriverQueries d;
+    void* is_capturing = find_driver_entry("cuStreamIsCapturing");
+    void* stream_query = find_driver_entry("cuStreamQuery");
+    void* event_query = find_driver_entry("cuEventQuery");
+    if (is_capturing == nullptr || stream_query == nullptr || event_query == nullptr) return d;  // all or none
+    d.stream_is_capturing = reinterpret_cast<PFN_cuStreamIsCapturing_v10000>(is_capturing);
+    d.stream_query = reinterpret_cast<PFN_cuStreamQuery_v2000>(stream_query);
+    d.event_query = reinterpret_cast<PFN_cuEventQuery_v2000>(event_query);
+    return d;
   }
 };
 
@@ -308,10 +352,20 @@ class CudaBackend final : public Backend {
   }
 
   bool query_event(int device, Event event) override {
+    const DriverQueries& driver = DriverQueries::get();
+    if (driver.event_query != nullptr) {
+      const CUresult result = driver.event_query(static_cast<CUevent>(event));
+      if (result == CUDA_SUCCESS || result == CUDA_ERROR_NOT_READY) return result == CUDA_SUCCESS;
+    }
     return completed(cudaEventQuery(to_cuda(event)), "cudaEventQuery", device);
   }
 
   bool query_stream(int device, Stream stream) override {
+    const DriverQueries& driver = DriverQueries::get();
+    if (driver.stream_query != nullptr && !is_default_stream(stream)) {
+      const CUresult result = driver.stream_query(reinterpret_cast<CUstream>(stream));
+      if (result == CUDA_SUCCESS || result == CUDA_ERROR_NOT_READY) return result == CUDA_SUCCESS;
+    }
     std::optional<DeviceGuard> guard;
     if (is_default_stream(stream)) guard.emplace(device);
     return completed(cudaStreamQuery(to_cuda(stream)), "cudaStreamQuery", device);
@@ -327,6 +381,13 @@ class CudaBackend final : public Backend {
   }
 
   bool is_capturing(int device, Stream stream) override {
+    const DriverQueries& driver = DriverQueries::get();
+    if (driver.stream_is_capturing != nullptr && !is_default_stream(stream)) {
+      CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+      if (driver.stream_is_capturing(reinterpret_cast<CUstream>(stream), &status) == CUDA_SUCCESS) {
+        return status != CU_STREAM_CAPTURE_STATUS_NONE;  // an invalidated capture too, as below
+      }
+    }
     std::optional<DeviceGuard> guard;
     if (is_default_stream(stream)) guard.emplace(device);
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;

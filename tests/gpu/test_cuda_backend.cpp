@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <thread>
 
 #include "gpu/gpu_test_util.hpp"
 #include "gpu/kernels.hpp"
@@ -111,6 +112,49 @@ TEST_F(GpuCudaBackend, EventCompletesOnlyWhenItsStreamPassesIt) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "cudaErrorNotReady must not linger";
   backend().synchronize_event(0, event);
   EXPECT_TRUE(backend().query_event(0, event));
+  backend().destroy_event(0, event);
+}
+
+TEST_F(GpuCudaBackend, StreamIsIdleOnlyWhenItsWorkHasCompleted) {
+  TestStream stream;
+  EXPECT_TRUE(backend().query_stream(0, stream.id()));
+  spin(stream, kBusyUs);
+  EXPECT_FALSE(backend().query_stream(0, stream.id())) << "a spin is running";
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "cudaErrorNotReady must not linger";
+  stream.synchronize();
+  EXPECT_TRUE(backend().query_stream(0, stream.id()));
+  EXPECT_TRUE(backend().query_stream(0, 0)) << "the legacy stream, idle";
+}
+
+// The queries go to the driver first, which needs a context current on the calling thread; a thread
+// that has made no CUDA call has none, and must get the same answers (from the runtime, which binds it).
+TEST_F(GpuCudaBackend, QueriesAnswerAlikeOnAThreadThatNeverCalledCuda) {
+  TestStream stream;
+  Event event = backend().create_event(0);
+  spin(stream, kBusyUs);
+  backend().record_event(0, event, stream.id());
+  bool busy_stream = true, busy_event = true, capturing = true;
+  cudaError_t left_behind = cudaErrorUnknown;
+  std::thread fresh([&] {
+    busy_stream = backend().query_stream(0, stream.id());
+    busy_event = backend().query_event(0, event);
+    capturing = backend().is_capturing(0, stream.id());
+    left_behind = cudaGetLastError();
+  });
+  fresh.join();
+  EXPECT_FALSE(busy_stream) << "a spin is running";
+  EXPECT_FALSE(busy_event) << "recorded behind a running spin";
+  EXPECT_FALSE(capturing);
+  EXPECT_EQ(left_behind, cudaSuccess);
+  stream.synchronize();
+  bool idle_stream = false, idle_event = false;
+  std::thread after([&] {
+    idle_stream = backend().query_stream(0, stream.id());
+    idle_event = backend().query_event(0, event);
+  });
+  after.join();
+  EXPECT_TRUE(idle_stream);
+  EXPECT_TRUE(idle_event);
   backend().destroy_event(0, event);
 }
 
