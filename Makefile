@@ -131,7 +131,8 @@ traces:
 BENCH_DOC ?= $(if $(GPU),docs/benchmarks.md,$(BUILD)/benchmarks.md)
 bench: build
 	@echo "(Google Benchmark's 'Library was built as DEBUG' below means Debian built libbenchmark without NDEBUG; streamalloc is RelWithDebInfo)"
-	$(BUILD)/bench/streamalloc_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+	$(BUILD)/bench/streamalloc_bench --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true \
+	  --benchmark_report_aggregates_only=true \
 	  --benchmark_out=$(BUILD)/bench.json --benchmark_out_format=json
 	rm -f $(BUILD)/replay-*.json; for t in bench/traces/*.trace; do \
 	  $(BUILD)/bench/streamalloc_replay "$$t" --peers all --json "$(BUILD)/replay-$$(basename "$$t" .trace).json" || exit 1; done
