@@ -237,6 +237,9 @@ class DeviceCache {
   Block* find_free(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream);
   // find_free's choice without counting it (cross_stream_reuse_settled counts only what is taken).
   Block* best_free(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream);
+  // best_free's choice for a large block where the default pool grows expandable segments
+  // (device_cache_allocate.cpp says how it differs).
+  Block* best_free_expandable_large(MemoryPool& pool, std::size_t size, Stream stream);
   // Counts the choice of a find: a settled block of another stream is a cross-stream reuse.
   Block* count_reuse(Block* block, Stream stream);
   // The first best fit of an allocation; in an expandable segment a fit that would carve a larger block

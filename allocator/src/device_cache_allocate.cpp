@@ -140,12 +140,55 @@ void* DeviceCache::hand_out_hot(StreamState& own, Block* hot, std::size_t reques
 
 // The smaller of the best owned and the best settled fit; ties go to the own stream.
 Block* DeviceCache::best_free(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream) {
+  if (kind == PoolKind::kLarge && grows_expandable(pool)) return best_free_expandable_large(pool, size, stream);
   Block* own = pool.free.best_owned(kind, stream, size);
   if (own != nullptr && !size_policy::may_serve(own->size, size, options_)) own = nullptr;
   Block* settled = pool.free.best_settled(kind, stream, size);
   if (settled != nullptr && !size_policy::may_serve(settled->size, size, options_)) settled = nullptr;
   if (own != nullptr && (settled == nullptr || own->size <= settled->size)) return own;
   return settled;
+}
+
+// The large class of expandable segments (docs/design.md, "Expandable segments", "Packing"): an exact
+// fit first, as before; else, among the blocks that fit,
+//  1. not the free last block of another stream's expandable segment: that is where its owner grows
+//     next (its growth extends the block, mapping only what is missing), and a rest carved there by
+//     this stream leaves its owner a smaller end and a hole between live blocks of two streams;
+//  2. a block this stream last used (owned, or settled and freed by this stream) before blocks freed
+//     by other streams: each stream keeps reusing the holes it left, so the holes in another stream's
+//     region stay whole for the sizes that stream asks for next;
+//  3. then the smallest, then the lowest address (then owned before settled).
+// A fit the first two rules leave out is still taken when nothing else fits. Both indexes are walked
+// smallest first and each walk stops at the first block that no later block of that index can beat
+// (rank 0 or 4 below); the walks seen on the bench traces visit at most 5 blocks.
+Block* DeviceCache::best_free_expandable_large(MemoryPool& pool, std::size_t size, Stream stream) {
+  constexpr PoolKind kind = PoolKind::kLarge;
+  // Rank: 0 best. Exact fits rank below every carving fit, whatever their other properties.
+  auto rank = [&](const Block* b) {
+    const bool others_end = b->next == nullptr && b->segment->expandable() && b->segment->stream != stream;
+    return (b->size == size ? 0 : 4) + (others_end ? 2 : 0) + (b->stream == stream ? 0 : 1);
+  };
+  Block* best = nullptr;
+  int best_rank = 8;
+  auto consider = [&](Block* b) {
+    // may_serve fails for every larger block once it fails for one (oversize blocks sort last).
+    if (!size_policy::may_serve(b->size, size, options_)) return false;
+    const int r = rank(b);
+    const bool better = best == nullptr || r < best_rank ||
+                        (r == best_rank && (b->size < best->size || (b->size == best->size &&
+                                                                      (b->address < best->address ||
+                                                                       (b->address == best->address && !b->settled)))));
+    if (better) {
+      best = b;
+      best_rank = r;
+    }
+    // Later blocks are no smaller: none beats an exact same-stream fit, nor a carving one of rank 4
+    // (a later block of rank 4 is larger, and ranks below 4 are exact fits, which come first).
+    return r != 0 && r != 4;
+  };
+  pool.free.for_each_owned_fit(kind, stream, size, consider);
+  pool.free.for_each_settled_fit(kind, stream, size, consider);
+  return best;
 }
 
 Block* DeviceCache::count_reuse(Block* block, Stream stream) {

@@ -29,6 +29,19 @@ class FreeIndex {
     return *it;
   }
 
+  // Visits the blocks of `key` with size >= `size`, smallest first (then by address), until `visit`
+  // returns false.
+  template <typename F>
+  void for_each_fit(Stream key, std::size_t size, F&& visit) const {
+    Block probe;
+    probe.index_key = key;
+    probe.size = size;
+    probe.address = 0;
+    for (auto it = blocks_.lower_bound(&probe); it != blocks_.end() && (*it)->index_key == key; ++it) {
+      if (!visit(*it)) return;
+    }
+  }
+
   std::size_t size() const { return blocks_.size(); }
   bool contains(Block* block) const { return blocks_.count(block) != 0; }
   template <typename F>

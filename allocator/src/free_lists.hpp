@@ -48,6 +48,17 @@ class FreeLists {
     return settled_[pool_index(pool)].best_fit(settled_key(stream), size);
   }
 
+  // The owned (of `stream`) or settled (that `stream` may take) blocks of at least `size` bytes,
+  // smallest first, until `visit` returns false.
+  template <typename F>
+  void for_each_owned_fit(PoolKind pool, Stream stream, std::size_t size, F&& visit) const {
+    owned_[pool_index(pool)].for_each_fit(stream, size, visit);
+  }
+  template <typename F>
+  void for_each_settled_fit(PoolKind pool, Stream stream, std::size_t size, F&& visit) const {
+    settled_[pool_index(pool)].for_each_fit(settled_key(stream), size, visit);
+  }
+
   // Merge rule: two address neighbours merge when both are free and indexed (not parked in a hot list,
   // not held back), touch (no unmapped pages between them) and either settled, or owned by one stream, or one settled and one owned: settled
   // memory is safe for the owner too, so the merged block stays owned and settles with the owner's
