@@ -669,6 +669,37 @@ TEST(Expandable, ASmallSizeTheHotListCannotServeSeesTheParkedBlocksMerged) {
   check(s);
 }
 
+// Packing: a large fit that would carve keeps off the free end of another stream's segment (where that
+// stream grows next) and takes a hole this stream left, even a larger one; that end is still taken when
+// nothing else fits, rather than growing.
+TEST(Expandable, ACarvingFitTakesThisStreamsHoleBeforeAnotherStreamsGrowingEnd) {
+  SimSetup s(kOn);
+  const Stream a = s.sim->create_stream();
+  const Stream b = s.sim->create_stream();
+  void* hole = s.a().allocate(8 * MiB, 0, b);
+  void* keep = s.a().allocate(2 * MiB, 0, b);  // so that the hole is not b's free end
+  s.a().deallocate(hole, 0, 0, b);
+  void* a_end = s.a().allocate(6 * MiB, 0, a);  // a's segment: this block alone, then its free end
+  s.a().deallocate(a_end, 0, 0, a);
+  s.a().process_fences();
+  s.sim->synchronize_stream(0, a);
+  s.sim->synchronize_stream(0, b);
+  s.a().process_fences();  // both free blocks settled, out of the hot lists
+  check(s);
+  const std::int64_t maps = s.stats().num_device_alloc;
+  void* p = s.a().allocate(5 * MiB, 0, b);
+  EXPECT_EQ(p, hole) << "a's free end (the smaller fit) was carved while b's own hole fits";
+  check(s);
+  void* q = s.a().allocate(5 * MiB, 0, b);  // b's hole has 3 MiB left: only a's end fits
+  EXPECT_EQ(q, a_end);
+  EXPECT_EQ(s.stats().num_device_alloc, maps) << "no growth while a fit was free";
+  check(s);
+  for (void* ptr : {p, q, keep}) s.a().deallocate(ptr, 0, 0, b);
+  s.a().empty_cache();
+  check(s);
+  EXPECT_EQ(s.stats().reserved_bytes[0].current, 0);
+}
+
 // The free end of a's segment is owned by b (b took it settled and freed it): a's growth must not
 // merge new pages into b's block, so the new pages are a block of their own.
 TEST(Expandable, AnotherStreamsFreeEndIsNotGrownForThisStream) {
