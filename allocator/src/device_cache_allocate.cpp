@@ -10,6 +10,7 @@
 // (docs/design.md, rule 6).
 #include <algorithm>
 #include <cstdint>
+#include <tuple>
 
 #include <spdlog/fmt/fmt.h>
 
@@ -157,7 +158,7 @@ Block* DeviceCache::best_free(MemoryPool& pool, PoolKind kind, std::size_t size,
 //  2. a block this stream last used (owned, or settled and freed by this stream) before blocks freed
 //     by other streams: each stream keeps reusing the holes it left, so the holes in another stream's
 //     region stay whole for the sizes that stream asks for next;
-//  3. then the smallest, then the lowest address (then owned before settled).
+//  3. then the smallest, then owned before settled, then the lowest address, as best_free orders them.
 // A fit the first two rules leave out is still taken when nothing else fits. Both indexes are walked
 // smallest first and each walk stops at the first block that no later block of that index can beat
 // (rank 0 or 4 below); the walks seen on the bench traces visit at most 5 blocks.
@@ -174,10 +175,10 @@ Block* DeviceCache::best_free_expandable_large(MemoryPool& pool, std::size_t siz
     // may_serve fails for every larger block once it fails for one (oversize blocks sort last).
     if (!size_policy::may_serve(b->size, size, options_)) return false;
     const int r = rank(b);
-    const bool better = best == nullptr || r < best_rank ||
-                        (r == best_rank && (b->size < best->size || (b->size == best->size &&
-                                                                      (b->address < best->address ||
-                                                                       (b->address == best->address && !b->settled)))));
+    // Then as the plain best fit orders: the smaller block, an owned one before a settled one of its
+    // size, the lower address (so one stream's allocations are placed exactly as the best fit places them).
+    const bool better = best == nullptr || std::make_tuple(r, b->size, b->settled, b->address) <
+                                               std::make_tuple(best_rank, best->size, best->settled, best->address);
     if (better) {
       best = b;
       best_rank = r;
