@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Instructions per C ABI alloc/free pair (same stream; with record_stream on a second stream, also
-# after 48 other streams were used; in many_streams' turns) on the simulated device, for two builds of libstreamalloc.so, counted by
-# callgrind. Wall-clock medians on a shared 2-core machine move by 30% between runs; instruction
-# counts repeat.
+# after 48 other streams were used; in many_streams' turns) on the simulated device, for two builds
+# of libstreamalloc.so, counted by callgrind. Wall-clock medians on a shared 2-core machine move by
+# 30% between runs; instruction counts repeat.
 # Usage: bench/icount_ab.sh BASE_LIB_DIR NEW_LIB_DIR     (each a build's lib/ folder)
 set -euo pipefail
 base=$1 new=$2

@@ -20,11 +20,7 @@ class FreeIndex {
 
   // The smallest block of `key` with size >= `size`, or nullptr.
   Block* best_fit(Stream key, std::size_t size) const {
-    Block probe;
-    probe.index_key = key;
-    probe.size = size;
-    probe.address = 0;
-    auto it = blocks_.lower_bound(&probe);
+    auto it = first_fit(key, size);
     if (it == blocks_.end() || (*it)->index_key != key) return nullptr;
     return *it;
   }
@@ -33,11 +29,7 @@ class FreeIndex {
   // returns false.
   template <typename F>
   void for_each_fit(Stream key, std::size_t size, F&& visit) const {
-    Block probe;
-    probe.index_key = key;
-    probe.size = size;
-    probe.address = 0;
-    for (auto it = blocks_.lower_bound(&probe); it != blocks_.end() && (*it)->index_key == key; ++it) {
+    for (auto it = first_fit(key, size); it != blocks_.end() && (*it)->index_key == key; ++it) {
       if (!visit(*it)) return;
     }
   }
@@ -57,7 +49,16 @@ class FreeIndex {
       return a->address < b->address;
     }
   };
-  std::set<Block*, Order> blocks_;
+  using Blocks = std::set<Block*, Order>;
+  // Where the blocks of `key` with size >= `size` begin (the next key's blocks, or end, when it has none).
+  Blocks::const_iterator first_fit(Stream key, std::size_t size) const {
+    Block probe;
+    probe.index_key = key;
+    probe.size = size;
+    probe.address = 0;
+    return blocks_.lower_bound(&probe);
+  }
+  Blocks blocks_;
 };
 
 }  // namespace streamalloc
