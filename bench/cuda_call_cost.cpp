@@ -1,8 +1,9 @@
 // What one CUDA runtime call, and the driver call under it, costs on this host, on idle streams and
 // completed events: ns per call, the median of 21 batches of 20,000 calls. These are the calls the
-// fence path makes (docs/design.md, "Fences: batching and pipelining"): a miss that polls asks every
-// known stream whether it captures, and a stream with pending blocks whether it is idle. The driver's
-// entry points are asked of the runtime, as CudaBackend asks for them.
+// fence path makes (docs/design.md, "Fences: batching and pipelining"): a pass switches its thread to
+// relaxed capture mode and back, asks each stream it would record on or query whether it captures, and
+// a stream with pending blocks whether it is idle. The driver's entry points are asked of the runtime,
+// as CudaBackend asks for them.
 // Usage: nvcc -O2 bench/cuda_call_cost.cpp -o /tmp/cuda_call_cost && /tmp/cuda_call_cost
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -60,10 +61,14 @@ int main() {
   std::printf("cudaEventRecord                  %7.1f ns\n", ns_per_call([&] { cudaEventRecord(event, stream); }));
   cudaStreamSynchronize(stream);
   std::printf("cudaEventQuery (completed)       %7.1f ns\n", ns_per_call([&] { cudaEventQuery(event); }));
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  std::printf("cudaThreadExchangeStreamCaptureMode %4.1f ns\n",
+              ns_per_call([&] { cudaThreadExchangeStreamCaptureMode(&mode); }));
   auto is_capturing = driver_entry<PFN_cuStreamIsCapturing_v10000>("cuStreamIsCapturing");
   auto stream_query = driver_entry<PFN_cuStreamQuery_v2000>("cuStreamQuery");
   auto event_query = driver_entry<PFN_cuEventQuery_v2000>("cuEventQuery");
-  if (is_capturing == nullptr || stream_query == nullptr || event_query == nullptr) {
+  auto exchange_mode = driver_entry<PFN_cuThreadExchangeStreamCaptureMode_v10010>("cuThreadExchangeStreamCaptureMode");
+  if (is_capturing == nullptr || stream_query == nullptr || event_query == nullptr || exchange_mode == nullptr) {
     std::fprintf(stderr, "cuda_call_cost: the driver gave no stream or event query entry points\n");
     return 1;
   }
@@ -74,6 +79,8 @@ int main() {
               ns_per_call([&] { stream_query(reinterpret_cast<CUstream>(stream)); }));
   std::printf("cuEventQuery (completed)         %7.1f ns\n",
               ns_per_call([&] { event_query(reinterpret_cast<CUevent>(event)); }));
+  CUstreamCaptureMode driver_mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  std::printf("cuThreadExchangeStreamCaptureMode %6.1f ns\n", ns_per_call([&] { exchange_mode(&driver_mode); }));
   cudaEventDestroy(event);
   cudaStreamDestroy(stream);
   return 0;

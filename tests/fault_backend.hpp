@@ -64,6 +64,8 @@ class FaultBackend final : public Backend {
     inner_->stream_wait_event(device, stream, event);
   }
   bool is_capturing(int device, Stream stream) override { return inner_->is_capturing(device, stream); }
+  int relax_capture_mode() override { return inner_->relax_capture_mode(); }
+  void restore_capture_mode(int previous) override { inner_->restore_capture_mode(previous); }
   void memset_async(int device, void* ptr, int value, std::size_t bytes, Stream stream) override {
     trip(Op::kMemset, "memset_async");
     inner_->memset_async(device, ptr, value, bytes, stream);

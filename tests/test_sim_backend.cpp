@@ -388,6 +388,37 @@ TEST(SimBackendCapture, EventQueriesSyncsAndReleasesFailDuringCapture) {
   EXPECT_EQ(sim.counters().capture_violations, 4u);
 }
 
+// Relaxed capture mode, kept per thread: events recorded outside the capture may be queried and waited
+// for, and streams that do not capture queried and recorded on; the capturing stream itself may not be
+// queried, and nothing may be released, in any mode.
+TEST(SimBackendCapture, RelaxedModeAllowsQueriesOfWhatTheCaptureDoesNotHold) {
+  SimBackend sim(manual_config(1));
+  Stream capturing = sim.create_stream(0);
+  Stream other = sim.create_stream(0);
+  Event event = sim.create_event(0);
+  void* memory = sim.reserve(0, 4096);
+  sim.record_event(0, event, other);
+  sim.set_capturing(0, capturing, true);
+  const int previous = sim.relax_capture_mode();
+  EXPECT_FALSE(sim.query_event(0, event));
+  EXPECT_FALSE(sim.query_stream(0, other)) << "the record has not run";
+  sim.record_event(0, event, other);
+  sim.synchronize_event(0, event);
+  EXPECT_TRUE(sim.query_stream(0, other));
+  EXPECT_THROW(sim.query_stream(0, capturing), Error);
+  EXPECT_THROW(sim.release(0, memory, 4096), Error);
+  EXPECT_THROW(sim.record_event(0, event, capturing), Error);
+  EXPECT_EQ(sim.counters().capture_violations, 3u);
+  std::thread([&] {
+    EXPECT_THROW(sim.query_event(0, event), Error) << "another thread is still in global mode";
+  }).join();
+  sim.restore_capture_mode(previous);
+  EXPECT_THROW(sim.query_event(0, event), Error) << "global mode again";
+  EXPECT_EQ(sim.counters().capture_violations, 5u);
+  sim.set_capturing(0, capturing, false);
+  sim.release(0, memory, 4096);
+}
+
 TEST(SimBackendErrors, BadDeviceUnknownEventAndForeignPointersThrow) {
   SimBackend sim(manual_config(2));
   expect_backend_error([&] { sim.reserve(2, 512); }, {"reserve", "device 2", "2 device(s)"});

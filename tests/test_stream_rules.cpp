@@ -338,26 +338,59 @@ TEST(StreamRules, Rule5_OutOfMemoryReportsTheNumbersAndLosesNothing) {
   s.a().validate();
 }
 
-TEST(StreamRules, Rule6_NoEventIsQueriedWhileAStreamCaptures) {
+// A capturing stream gets no fence and is never queried; a free that waits on it stays pending until
+// the capture has ended. The host waits and releases of empty_cache wait for that end too.
+TEST(StreamRules, Rule6_NothingIsRecordedOnOrAskedOfACapturingStream) {
   SimSetup s("");
   const Stream a = s.sim->create_stream();
-  const Stream u = s.sim->create_stream();
+  const Stream b = s.sim->create_stream();
   s.sim->set_capturing(0, a, true);
-  void* p = s.a().allocate(kBig, 0, a);
-  s.a().record_stream(p, u);
-  s.a().deallocate(p, kBig, 0, a);
-  void* q = s.a().allocate(kBig, 0, a);  // a miss: would poll fences, but must not during capture
+  void* p = s.a().allocate(kBig, 0, b);
+  s.a().record_stream(p, a);
+  s.a().deallocate(p, kBig, 0, b);
+  void* q = s.a().allocate(kBig, 0, b);  // a miss: polls, records nothing on `a`
   s.a().process_fences();
   s.a().empty_cache();
   EXPECT_NE(q, p);
+  // The simulated device refuses, and counts, a record on or a query of a capturing stream.
   EXPECT_EQ(s.sim->counters().capture_violations, 0u);
-  EXPECT_EQ(s.sim->counters().event_records, 0u);
+  EXPECT_EQ(s.stats().frees_deferred_capture, 1);
   EXPECT_EQ(s.stats().pending_blocks.current, 1) << "the free waits for the capture to end";
   s.sim->set_capturing(0, a, false);
   s.a().process_fences();
   s.sim->synchronize_all();
   s.a().process_fences();
   EXPECT_EQ(s.stats().pending_blocks.current, 0);
+  s.a().deallocate(q, kBig, 0, b);
+  s.a().validate();
+}
+
+// A capture on one stream does not hold up the fences of the others: they are recorded and queried in
+// relaxed capture mode, which the capture allows (global mode would break it: the simulated device
+// refuses those queries and counts a violation). The calling thread's mode is restored afterwards.
+TEST(StreamRules, Rule6_OtherStreamsAreFencedWhileAStreamCaptures) {
+  SimSetup s("");
+  const Stream a = s.sim->create_stream();
+  const Stream b = s.sim->create_stream();
+  const Stream u = s.sim->create_stream();
+  s.sim->set_capturing(0, a, true);
+  void* p = s.a().allocate(kBig, 0, b);
+  s.a().record_stream(p, u);
+  s.sim->enqueue(0, u, [] {});  // `u` is busy
+  s.a().deallocate(p, kBig, 0, b);
+  EXPECT_EQ(s.sim->counters().event_records, 1u) << "the free fenced `u`, which does not capture";
+  void* q = s.a().allocate(kBig, 0, b);
+  EXPECT_NE(q, p) << "u has not passed its fence";
+  s.sim->synchronize_all();
+  void* r = s.a().allocate(kBig, 0, b);
+  EXPECT_EQ(r, p) << "u passed its fence: the block is back while `a` still captures";
+  EXPECT_EQ(s.stats().frees_deferred_capture, 0);
+  EXPECT_EQ(s.sim->counters().capture_violations, 0u);
+  EXPECT_THROW(s.sim->query_stream(0, u), Error) << "this thread is back in global capture mode";
+  EXPECT_EQ(s.sim->counters().capture_violations, 1u);
+  s.sim->set_capturing(0, a, false);
+  s.a().deallocate(q, kBig, 0, b);
+  s.a().deallocate(r, kBig, 0, b);
   s.a().validate();
 }
 

@@ -208,10 +208,13 @@ struct DriverVm {
 // context current on this thread, a real error) asks the runtime again, which binds the context and
 // reports errors in its own words. Default streams always go through the runtime (they belong to the
 // current device).
+// The fence path switches its thread to relaxed capture mode with the driver's call too: the runtime's
+// would first make a context current on a thread that has none.
 struct DriverQueries {
   PFN_cuStreamIsCapturing_v10000 stream_is_capturing = nullptr;
   PFN_cuStreamQuery_v2000 stream_query = nullptr;
   PFN_cuEventQuery_v2000 event_query = nullptr;
+  PFN_cuThreadExchangeStreamCaptureMode_v10010 exchange_capture_mode = nullptr;
 
   static const DriverQueries& get() {
     static const DriverQueries driver = load();
@@ -224,10 +227,14 @@ struct DriverQueries {
     void* is_capturing = find_driver_entry("cuStreamIsCapturing");
     void* stream_query = find_driver_entry("cuStreamQuery");
     void* event_query = find_driver_entry("cuEventQuery");
-    if (is_capturing == nullptr || stream_query == nullptr || event_query == nullptr) return d;  // all or none
+    void* exchange_mode = find_driver_entry("cuThreadExchangeStreamCaptureMode");
+    if (is_capturing == nullptr || stream_query == nullptr || event_query == nullptr || exchange_mode == nullptr) {
+      return d;  // all or none
+    }
     d.stream_is_capturing = reinterpret_cast<PFN_cuStreamIsCapturing_v10000>(is_capturing);
     d.stream_query = reinterpret_cast<PFN_cuStreamQuery_v2000>(stream_query);
     d.event_query = reinterpret_cast<PFN_cuEventQuery_v2000>(event_query);
+    d.exchange_capture_mode = reinterpret_cast<PFN_cuThreadExchangeStreamCaptureMode_v10010>(exchange_mode);
     return d;
   }
 };
@@ -401,6 +408,33 @@ class CudaBackend final : public Backend {
     check(err, "cudaStreamIsCapturing", device);
     // An invalidated capture has not ended yet either: event queries stay forbidden until it does.
     return status != cudaStreamCaptureStatusNone;
+  }
+
+  int relax_capture_mode() override {
+    const DriverQueries& driver = DriverQueries::get();
+    if (driver.exchange_capture_mode != nullptr) {
+      CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+      if (driver.exchange_capture_mode(&mode) == CUDA_SUCCESS) return static_cast<int>(mode);
+    }
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    const cudaError_t err = cudaThreadExchangeStreamCaptureMode(&mode);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw Error(ErrorCode::kBackend, std::string("cudaThreadExchangeStreamCaptureMode failed: ") +
+                                           cudaGetErrorString(err) + " (" + cudaGetErrorName(err) + ")");
+    }
+    return static_cast<int>(mode);
+  }
+
+  void restore_capture_mode(int previous) override {
+    const DriverQueries& driver = DriverQueries::get();
+    if (driver.exchange_capture_mode != nullptr) {
+      auto mode = static_cast<CUstreamCaptureMode>(previous);
+      if (driver.exchange_capture_mode(&mode) == CUDA_SUCCESS) return;
+    }
+    auto mode = static_cast<cudaStreamCaptureMode>(previous);
+    // Called from a scope's end, which must not throw: a failure only clears the error state.
+    if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) (void)cudaGetLastError();
   }
 
   void memset_async(int device, void* ptr, int value, std::size_t bytes, Stream stream) override {

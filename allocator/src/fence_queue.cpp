@@ -38,7 +38,7 @@ void FenceQueue::leave_as_user(const Block* block) {
 }
 
 bool FenceQueue::close_batch(Backend& backend, EventPool& pool, int device) {
-  if (!open_has_members_) return false;
+  if (!has_open_batch()) return false;
   Fence fence;
   fence.seq = open_seq_;
   fence.event = pool.acquire();
@@ -53,19 +53,19 @@ bool FenceQueue::close_batch(Backend& backend, EventPool& pool, int device) {
   last_recorded_at_ = fence.recorded_at;
   in_flight_.push_back(std::move(fence));
   ++open_seq_;
-  open_has_members_ = false;
+  open_has_members_.store(false, std::memory_order_relaxed);
   return true;
 }
 
 bool FenceQueue::complete_open_batch(Fence* out) {
-  if (!open_has_members_ || !in_flight_.empty()) return false;
+  if (!has_open_batch() || !in_flight_.empty()) return false;
   Fence fence;
   fence.seq = open_seq_;
   fence.pending.swap(open_pending_);
   fence.recorded_at = Clock::now();
   *out = std::move(fence);
   ++open_seq_;
-  open_has_members_ = false;
+  open_has_members_.store(false, std::memory_order_relaxed);
   mark_completed(out->seq);
   return true;
 }

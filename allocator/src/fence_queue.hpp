@@ -7,6 +7,7 @@
 // one slow stream never holds up another (docs/design.md, "Stream rules", rule 4).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <vector>
@@ -51,18 +52,22 @@ class FenceQueue {
   std::uint64_t closed_seq() const { return open_seq_ - 1; }
   const std::deque<Fence>& in_flight() const { return in_flight_; }
   const std::vector<Block*>& open_pending() const { return open_pending_; }
+  // Whether the open batch has members (owned frees or pending blocks): closing it records a fence.
+  // Also read without the shard lock, by a poll that skips idle streams: a stale "no" only leaves a
+  // batch joined at that moment to a later pass, as if its free had come just after the poll.
+  bool has_open_batch() const { return open_has_members_.load(std::memory_order_relaxed); }
   // When the newest fence of the stream was recorded; the clock's epoch before the first.
   Clock::time_point last_recorded_at() const { return last_recorded_at_; }
 
   // A block freed on this stream (its allocation stream) joins the open batch; returns the sequence
   // number whose fence settles it.
   std::uint64_t join_as_owner() {
-    open_has_members_ = true;
+    open_has_members_.store(true, std::memory_order_relaxed);
     return open_seq_;
   }
   // A pending block that was used on this stream waits for the open batch's fence.
   void join_as_user(Block* block) {
-    open_has_members_ = true;
+    open_has_members_.store(true, std::memory_order_relaxed);
     open_pending_.push_back(block);
     pending_.pending_blocks.increase(1);
     pending_.pending_bytes.increase(static_cast<std::int64_t>(block->size));
@@ -100,7 +105,7 @@ class FenceQueue {
   Stream stream_;
   std::uint64_t open_seq_ = 1;
   std::uint64_t completed_seq_ = 0;
-  bool open_has_members_ = false;
+  std::atomic<bool> open_has_members_{false};  // written under the shard lock (join_as_owner: the fast path)
   std::vector<Block*> open_pending_;
   Clock::time_point last_recorded_at_{};
   std::deque<Fence> in_flight_;

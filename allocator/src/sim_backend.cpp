@@ -48,6 +48,10 @@ namespace {
 
 constexpr std::size_t kAlignment = 512;  // what cudaMalloc guarantees (and more)
 
+// The calling thread's capture mode: relaxed, or the default (global). CUDA keeps it per thread, for
+// every device, and so does the model, for every SimBackend of the process.
+thread_local bool t_relaxed_capture = false;
+
 std::string hex(std::uintptr_t value) {
   char buf[2 + 2 * sizeof value + 1];
   std::snprintf(buf, sizeof buf, "0x%jx", static_cast<std::uintmax_t>(value));
@@ -223,14 +227,18 @@ struct SimBackend::State {
     return it->second;
   }
 
-  // As CUDA in global capture mode: while a stream of the device captures, event queries and waits,
-  // and freeing device memory, fail (cudaErrorStreamCaptureUnsupported); counted too, for tests.
+  // As CUDA: while a stream of the device captures, freeing device memory fails in every capture mode,
+  // and event queries and waits and stream queries fail in global mode (cudaErrorStreamCaptureUnsupported);
+  // counted too, for tests.
   void refuse_during_capture(int index, const char* call) {
     if (devices[static_cast<std::size_t>(index)].capturing_streams == 0) return;
     ++counters.capture_violations;
     throw Error(ErrorCode::kBackend, std::string("SimBackend::") + call + "(device " + std::to_string(index) +
                                          "): operation not permitted while a stream of the device captures a graph "
                                          "(cudaErrorStreamCaptureUnsupported)");
+  }
+  void refuse_during_capture_unless_relaxed(int index, const char* call) {
+    if (!t_relaxed_capture) refuse_during_capture(index, call);
   }
 
   // Runs `fn` as the host function of `q` with the lock released; `q` must be idle.
@@ -485,7 +493,7 @@ void SimBackend::record_event(int device, Event event, Stream stream) {
 bool SimBackend::query_event(int device, Event event) {
   State::Lock lock(state_->mutex);
   const std::shared_ptr<SimEvent>& ev = state_->event(device, event, "query_event", true);
-  state_->refuse_during_capture(device, "query_event");
+  state_->refuse_during_capture_unless_relaxed(device, "query_event");
   ++state_->counters.event_queries;
   return ev->completed(ev->last_recorded);
 }
@@ -493,7 +501,12 @@ bool SimBackend::query_event(int device, Event event) {
 bool SimBackend::query_stream(int device, Stream stream) {
   State::Lock lock(state_->mutex);
   const StreamQueue& q = state_->queue(device, stream, "query_stream");
-  state_->refuse_during_capture(device, "query_stream");
+  if (q.capturing) {
+    ++state_->counters.capture_violations;
+    throw Error(ErrorCode::kBackend, "SimBackend::query_stream(device " + std::to_string(device) + ", stream " +
+                                         hex(stream) + "): the stream captures a graph (cudaErrorStreamCaptureUnsupported)");
+  }
+  state_->refuse_during_capture_unless_relaxed(device, "query_stream");
   ++state_->counters.stream_queries;
   return q.finished == q.enqueued;
 }
@@ -501,7 +514,7 @@ bool SimBackend::query_stream(int device, Stream stream) {
 void SimBackend::synchronize_event(int device, Event event) {
   State::Lock lock(state_->mutex);
   std::shared_ptr<SimEvent> ev = state_->event(device, event, "synchronize_event", true);
-  state_->refuse_during_capture(device, "synchronize_event");
+  state_->refuse_during_capture_unless_relaxed(device, "synchronize_event");
   ++state_->counters.event_synchronizes;
   const std::uint64_t generation = ev->last_recorded;
   state_->complete(lock, std::move(ev), generation);
@@ -525,6 +538,14 @@ bool SimBackend::is_capturing(int device, Stream stream) {
   State::Lock lock(state_->mutex);
   return state_->queue(device, stream, "is_capturing").capturing;
 }
+
+int SimBackend::relax_capture_mode() {
+  const int previous = t_relaxed_capture ? 1 : 0;
+  t_relaxed_capture = true;
+  return previous;
+}
+
+void SimBackend::restore_capture_mode(int previous) { t_relaxed_capture = previous != 0; }
 
 void SimBackend::memset_async(int device, void* ptr, int value, std::size_t bytes, Stream stream) {
   State::Lock lock(state_->mutex);

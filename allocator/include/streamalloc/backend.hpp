@@ -48,15 +48,24 @@ class Backend {
   virtual bool query_event(int device, Event event) = 0;
   // Block the calling host thread until the last record of `event` has completed.
   virtual void synchronize_event(int device, Event event) = 0;
-  // True when all work enqueued on `stream` so far has completed (cudaStreamQuery). Never blocks. Like
-  // an event query, not allowed while a stream captures.
+  // True when all work enqueued on `stream` so far has completed (cudaStreamQuery). Never blocks. Never
+  // allowed on a stream that captures; otherwise as an event query (below, capture modes).
   virtual bool query_stream(int device, Stream stream) = 0;
   // Make all work enqueued on `stream` after this call wait for the last record of `event`.
   // The host does not wait.
   virtual void stream_wait_event(int device, Stream stream, Event event) = 0;
 
-  // True while `stream` is capturing a CUDA graph (event queries are then not allowed).
+  // True while `stream` is capturing a CUDA graph: nothing may be recorded on it or asked of it then.
   virtual bool is_capturing(int device, Stream stream) = 0;
+  // The calling thread's capture mode, as CUDA's (cudaThreadExchangeStreamCaptureMode). In the default
+  // (global) mode, while any stream of the device captures a graph in global mode, event queries and
+  // waits and stream queries are refused and break that capture. In relaxed mode the thread may query
+  // and wait for events recorded outside a capture, and record events on and query streams that do
+  // not capture, while other streams capture. Freeing memory stays refused during a capture in every
+  // mode. relax_capture_mode() switches the thread to relaxed and returns its previous mode, for
+  // restore_capture_mode(); a backend whose calls never break a capture keeps these no-ops.
+  virtual int relax_capture_mode() { return 0; }
+  virtual void restore_capture_mode(int previous) { (void)previous; }
   // Fill `bytes` at `ptr` with `value` in stream order on `stream` (used for poisoning).
   virtual void memset_async(int device, void* ptr, int value, std::size_t bytes, Stream stream) = 0;
 
@@ -135,6 +144,20 @@ class Backend {
     throw Error(ErrorCode::kBackend, name() + " backend: " + call + "(device " + std::to_string(device) +
                                          "): virtual memory is not supported (ask supports_virtual_memory() first)");
   }
+};
+
+// The calling thread in relaxed capture mode for a scope (Backend::relax_capture_mode), then back in
+// the mode it had.
+class RelaxedCaptureScope {
+ public:
+  explicit RelaxedCaptureScope(Backend& backend) : backend_(backend), previous_(backend.relax_capture_mode()) {}
+  ~RelaxedCaptureScope() { backend_.restore_capture_mode(previous_); }
+  RelaxedCaptureScope(const RelaxedCaptureScope&) = delete;
+  RelaxedCaptureScope& operator=(const RelaxedCaptureScope&) = delete;
+
+ private:
+  Backend& backend_;
+  int previous_;
 };
 
 }  // namespace streamalloc

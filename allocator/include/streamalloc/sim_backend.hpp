@@ -19,9 +19,12 @@
 // - query_stream is true when every item enqueued on the stream so far has run (a host function still
 //   running counts as not run), as cudaStreamQuery.
 // - set_capturing() marks a stream as capturing a graph. While any stream of the device captures,
-//   query_event, query_stream, synchronize_event and release fail as CUDA's do in global capture mode,
-//   and record_event on the capturing stream fails (on CUDA it would become a graph node, not a fence);
-//   each is also counted as a capture violation. reserve() works (relaxed-mode cudaMalloc).
+//   query_event, query_stream and synchronize_event fail as CUDA's do in the calling thread's default
+//   (global) capture mode, and release fails in every mode; in relaxed mode (relax_capture_mode(), kept
+//   per thread as CUDA keeps it) the queries and waits work, except query_stream on the capturing
+//   stream itself. record_event on a capturing stream fails (on CUDA it would become a graph node, not
+//   a fence). Each failure is also counted as a capture violation. reserve() works (relaxed-mode
+//   cudaMalloc).
 // - Virtual memory (Backend's contract) is modelled with host virtual memory: a reserved range is an
 //   inaccessible host mapping (so it never overlaps reserve()'s memory, and a stray host access to it
 //   faults as a device access would), map_pages makes whole pages of it readable and writable as one
@@ -100,6 +103,8 @@ class SimBackend final : public Backend {
   void synchronize_event(int device, Event event) override;
   void stream_wait_event(int device, Stream stream, Event event) override;
   bool is_capturing(int device, Stream stream) override;
+  int relax_capture_mode() override;
+  void restore_capture_mode(int previous) override;
   void memset_async(int device, void* ptr, int value, std::size_t bytes, Stream stream) override;
   DeviceMemoryInfo memory_info(int device) override;
   int stream_device(Stream stream) override;
