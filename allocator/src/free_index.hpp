@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <set>
+#include <vector>
 
 #include "block.hpp"
 
@@ -12,11 +13,26 @@ namespace streamalloc {
 
 class FreeIndex {
  public:
+  FreeIndex() { spare_.reserve(kSpareNodes); }
+
+  // A free block enters and leaves the index at nearly every split, merge, free and reuse, and each
+  // time the set would allocate or free a tree node: a third of the device-locked path's allocator
+  // calls. Nodes taken out are kept (up to kSpareNodes) and put back with the next block.
   void insert(Block* block, Stream key) {
     block->index_key = key;
-    blocks_.insert(block);
+    if (spare_.empty()) {
+      blocks_.insert(block);
+      return;
+    }
+    Blocks::node_type node = std::move(spare_.back());
+    spare_.pop_back();
+    node.value() = block;
+    blocks_.insert(std::move(node));
   }
-  void erase(Block* block) { blocks_.erase(block); }
+  void erase(Block* block) {
+    Blocks::node_type node = blocks_.extract(block);
+    if (!node.empty() && spare_.size() < kSpareNodes) spare_.push_back(std::move(node));
+  }
 
   // The smallest block of `key` with size >= `size`, or nullptr.
   Block* best_fit(Stream key, std::size_t size) const {
@@ -58,7 +74,9 @@ class FreeIndex {
     probe.address = 0;
     return blocks_.lower_bound(&probe);
   }
+  static constexpr std::size_t kSpareNodes = 64;
   Blocks blocks_;
+  std::vector<Blocks::node_type> spare_;  // empty tree nodes, reused by insert
 };
 
 }  // namespace streamalloc
