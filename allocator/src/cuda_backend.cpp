@@ -69,28 +69,6 @@ class DeviceGuard {
   bool switched_ = false;
 };
 
-// Puts the calling thread in relaxed capture mode for a scope: a call the runtime counts as
-// "potentially unsafe" then does not invalidate another stream's capture in global mode. Only for
-// calls that are safe during a capture (reserving memory).
-class RelaxedCaptureMode {
- public:
-  RelaxedCaptureMode() {
-    if (cudaThreadExchangeStreamCaptureMode(&previous_) != cudaSuccess) {
-      (void)cudaGetLastError();
-      restore_ = false;
-    }
-  }
-  ~RelaxedCaptureMode() {
-    if (restore_ && cudaThreadExchangeStreamCaptureMode(&previous_) != cudaSuccess) (void)cudaGetLastError();
-  }
-  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
-  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
-
- private:
-  cudaStreamCaptureMode previous_ = cudaStreamCaptureModeRelaxed;
-  bool restore_ = true;
-};
-
 // The answer of a non-blocking query (cudaEventQuery, cudaStreamQuery): "not yet" is an answer, not an
 // error; anything else but success is.
 bool completed(cudaError_t err, const char* call, int device) {
@@ -201,15 +179,13 @@ struct DriverVm {
 
 // ---- the driver's stream and event queries ----
 
-// The fence path's queries of a created stream or of an event, straight from the driver. A miss that
-// polls asks each stream it records on or queries whether it captures, and a stream with pending
-// blocks whether it is idle; through the runtime each call also pays its entry
-// (bench/cuda_call_cost.cpp measures both). Only the answers "yes", "no" and "not ready" are taken from the driver: any other result (no
-// context current on this thread, a real error) asks the runtime again, which binds the context and
-// reports errors in its own words. Default streams always go through the runtime (they belong to the
-// current device).
-// The fence path switches its thread to relaxed capture mode with the driver's call too: the runtime's
-// would first make a context current on a thread that has none.
+// The fence path's queries of a created stream or of an event, and its switch of capture mode,
+// straight from the driver. A miss that polls asks each stream it records on or queries whether it
+// captures, and a stream with pending blocks whether it is idle; through the runtime each call also
+// pays its entry (bench/cuda_call_cost.cpp measures both). Only the answers "yes", "no" and "not
+// ready" are taken from the driver: any other result (no context current on this thread, a real error)
+// asks the runtime again, which binds the context and reports errors in its own words. Default streams
+// always go through the runtime (they belong to the current device).
 struct DriverQueries {
   PFN_cuStreamIsCapturing_v10000 stream_is_capturing = nullptr;
   PFN_cuStreamQuery_v2000 stream_query = nullptr;
@@ -237,6 +213,46 @@ struct DriverQueries {
     d.exchange_capture_mode = reinterpret_cast<PFN_cuThreadExchangeStreamCaptureMode_v10010>(exchange_mode);
     return d;
   }
+};
+
+// Swaps the calling thread's capture mode (a cudaStreamCaptureMode value) with `*mode`: through the
+// driver first, as the queries above, since the runtime's call would first make a context current on a
+// thread that has none; through the runtime when the driver's entry point is missing or fails. Returns
+// the runtime's error, its state cleared, when neither could.
+cudaError_t exchange_capture_mode(int* mode) {
+  const DriverQueries& driver = DriverQueries::get();
+  if (driver.exchange_capture_mode != nullptr) {
+    auto driver_mode = static_cast<CUstreamCaptureMode>(*mode);
+    if (driver.exchange_capture_mode(&driver_mode) == CUDA_SUCCESS) {
+      *mode = static_cast<int>(driver_mode);
+      return cudaSuccess;
+    }
+  }
+  auto runtime_mode = static_cast<cudaStreamCaptureMode>(*mode);
+  const cudaError_t err = cudaThreadExchangeStreamCaptureMode(&runtime_mode);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return err;
+  }
+  *mode = static_cast<int>(runtime_mode);
+  return cudaSuccess;
+}
+
+// Puts the calling thread in relaxed capture mode for a scope: a call the runtime counts as
+// "potentially unsafe" then does not invalidate another stream's capture in global mode. Only for
+// calls that are safe during a capture (reserving memory).
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() { restore_ = exchange_capture_mode(&previous_) == cudaSuccess; }
+  ~RelaxedCaptureMode() {
+    if (restore_) (void)exchange_capture_mode(&previous_);
+  }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  int previous_ = cudaStreamCaptureModeRelaxed;
+  bool restore_ = false;
 };
 
 [[noreturn]] void throw_driver_error(CUresult result, const char* call, int device) {
@@ -411,31 +427,17 @@ class CudaBackend final : public Backend {
   }
 
   int relax_capture_mode() override {
-    const DriverQueries& driver = DriverQueries::get();
-    if (driver.exchange_capture_mode != nullptr) {
-      CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-      if (driver.exchange_capture_mode(&mode) == CUDA_SUCCESS) return static_cast<int>(mode);
-    }
-    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    const cudaError_t err = cudaThreadExchangeStreamCaptureMode(&mode);
+    int mode = cudaStreamCaptureModeRelaxed;
+    const cudaError_t err = exchange_capture_mode(&mode);
     if (err != cudaSuccess) {
-      (void)cudaGetLastError();
       throw Error(ErrorCode::kBackend, std::string("cudaThreadExchangeStreamCaptureMode failed: ") +
                                            cudaGetErrorString(err) + " (" + cudaGetErrorName(err) + ")");
     }
-    return static_cast<int>(mode);
+    return mode;
   }
 
-  void restore_capture_mode(int previous) override {
-    const DriverQueries& driver = DriverQueries::get();
-    if (driver.exchange_capture_mode != nullptr) {
-      auto mode = static_cast<CUstreamCaptureMode>(previous);
-      if (driver.exchange_capture_mode(&mode) == CUDA_SUCCESS) return;
-    }
-    auto mode = static_cast<cudaStreamCaptureMode>(previous);
-    // Called from a scope's end, which must not throw: a failure only clears the error state.
-    if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) (void)cudaGetLastError();
-  }
+  // Called from a scope's end, which must not throw: a failure only clears the error state.
+  void restore_capture_mode(int previous) override { (void)exchange_capture_mode(&previous); }
 
   void memset_async(int device, void* ptr, int value, std::size_t bytes, Stream stream) override {
     DeviceGuard guard(device);
