@@ -144,18 +144,18 @@ void fences_complete_during_a_capture(bool capture_on_another_thread) {
   if (capture_on_another_thread) {
     std::mutex mutex;
     std::condition_variable changed;
-    bool capturing = false, polled = false;
+    bool capture_open = false, polled = false;
     std::thread capturer([&] {
       capture_one_fill([&] {
         std::unique_lock<std::mutex> lock(mutex);
-        capturing = true;
+        capture_open = true;
         changed.notify_all();
         changed.wait(lock, [&] { return polled; });
       });
     });
     {
       std::unique_lock<std::mutex> lock(mutex);
-      changed.wait(lock, [&] { return capturing; });
+      changed.wait(lock, [&] { return capture_open; });
     }
     poll_from_this_thread();  // this thread is in global mode, as the capture is
     {
