@@ -13,22 +13,22 @@ count() {  # LIB MODE N ARGS... -> instructions of the whole run
   LD_LIBRARY_PATH=$1 valgrind --tool=callgrind --callgrind-out-file=/dev/null "$dir/pairs" "${@:2}" 2>&1 |
     sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
 }
+# LIB MODE ARGS... -> instructions per pair: 120,000 pairs less 20,000 (start-up cancels out)
+per_pair() { echo $(( ($(count "$1" "$2" 120000 "${@:3}") - $(count "$1" "$2" 20000 "${@:3}")) / 100000 )); }
+row() {  # MODE LABEL BASE NEW
+  printf '%-6s %9s %10s %10s %7.3f\n' "$1" "$2" "$3" "$4" "$(awk -v n="$4" -v b="$3" 'BEGIN { print n / b }')"
+}
 printf '%-6s %9s %10s %10s %7s\n' mode bytes base new new/base
 for mode in same cross; do
   for bytes in 4096 1048576; do
-    per_pair() { echo $(( ($(count "$1" "$mode" 120000 "$bytes") - $(count "$1" "$mode" 20000 "$bytes")) / 100000 )); }
-    b=$(per_pair "$base"); n=$(per_pair "$new")
-    printf '%-6s %9s %10s %10s %7.3f\n' "$mode" "$bytes" "$b" "$n" "$(awk -v n="$n" -v b="$b" 'BEGIN { print n / b }')"
+    row "$mode" "$bytes" "$(per_pair "$base" "$mode" "$bytes")" "$(per_pair "$new" "$mode" "$bytes")"
   done
 done
 # The 1 MiB cross-stream pair after 48 other streams allocated once (a long-running process's other
 # streams): what a miss's poll pays per stream the cache knows.
-per_pair_others() { echo $(( ($(count "$1" cross 120000 1048576 48) - $(count "$1" cross 20000 1048576 48)) / 100000 )); }
-b=$(per_pair_others "$base"); n=$(per_pair_others "$new")
-printf '%-6s %9s %10s %10s %7.3f\n' cross "1M+48str" "$b" "$n" "$(awk -v n="$n" -v b="$b" 'BEGIN { print n / b }')"
+row cross "1M+48str" "$(per_pair "$base" cross 1048576 48)" "$(per_pair "$new" cross 1048576 48)"
 # many_streams' turns (22 pairs each), on one stream and on 32 taking turns: the device-locked path.
+per_turn_pair() { echo $(( ($(count "$1" turns 3200 "$2") - $(count "$1" turns 320 "$2")) / (2880 * 22) )); }
 for streams in 1 32; do
-  per_turn_pair() { echo $(( ($(count "$1" turns 3200 "$streams") - $(count "$1" turns 320 "$streams")) / (2880 * 22) )); }
-  b=$(per_turn_pair "$base"); n=$(per_turn_pair "$new")
-  printf '%-6s %9s %10s %10s %7.3f\n' turns "${streams}str" "$b" "$n" "$(awk -v n="$n" -v b="$b" 'BEGIN { print n / b }')"
+  row turns "${streams}str" "$(per_turn_pair "$base" "$streams")" "$(per_turn_pair "$new" "$streams")"
 done
