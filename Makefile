@@ -81,7 +81,7 @@ demo:
 	@echo
 	@$(BUILD)/bench/streamalloc_bench --summary
 	@echo
-	@$(BUILD)/bench/streamalloc_demo --timeline $(BUILD)/demo_pending_history.json
+	@$(BUILD)/examples/demo/streamalloc_demo --timeline $(BUILD)/demo_pending_history.json
 	@echo
 	@$(RUN_ENV) $(PYTHON) -m streamalloc.report $(BUILD)/demo_pending_history.json --timeline $(BUILD)/demo_timeline.png
 
@@ -107,7 +107,7 @@ gpu-sanitize:
 	compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 $(BUILD)/tests/streamalloc_gpu_tests
 
 # The prefetch pipeline with random sizes (512 B to 64 MiB) on SOAK_STREAMS stream pairs for SOAK_SECONDS,
-# every byte every consumer reads checked, then a leak check (bench/soak_workload.hpp). Fails on any wrong
+# every byte every consumer reads checked, then a leak check (tests/soak/soak_workload.hpp). Fails on any wrong
 # byte, leak or broken invariant. The summary is also written to $(BUILD)/soak.json.
 SOAK_SECONDS ?= 600
 SOAK_STREAMS ?= 4
@@ -115,11 +115,12 @@ gpu-soak:
 	@$(call GPU_DEPS)
 	$(call build,$(BUILD),$(FULL_ARGS) -DSTREAMALLOC_CUDA=ON,streamalloc_soak)
 	@nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-	$(BUILD)/bench/streamalloc_soak --backend cuda --seconds $(SOAK_SECONDS) --streams $(SOAK_STREAMS) --json $(BUILD)/soak.json
+	$(BUILD)/tests/soak/streamalloc_soak --backend cuda --seconds $(SOAK_SECONDS) --streams $(SOAK_STREAMS) \
+	  --json $(BUILD)/soak.json
 
 # Record allocation traces of real workloads under PyTorch's native allocator (GPU machine).
 traces:
-	$(PYTHON) bench/traces/record_workloads.py
+	$(PYTHON) bench/replay/record_workloads.py
 
 # Full run: the benchmark (3 repetitions, medians), every trace replayed on every peer (`--peers all`: with
 # torch_expandable, PyTorch's allocator under expandable_segments:True in a child process of the replay, and
@@ -134,10 +135,11 @@ bench: build
 	$(BUILD)/bench/streamalloc_bench --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true \
 	  --benchmark_report_aggregates_only=true \
 	  --benchmark_out=$(BUILD)/bench.json --benchmark_out_format=json
-	rm -f $(BUILD)/replay-*.json; for t in bench/traces/*.trace; do \
+	rm -f $(BUILD)/replay-*.json; for t in bench/replay/traces/*.trace; do \
 	  $(BUILD)/bench/streamalloc_replay "$$t" --peers all --json "$(BUILD)/replay-$$(basename "$$t" .trace).json" || exit 1; done
-	$(RUN_ENV) $(PYTHON) bench/torch_empty.py --json $(BUILD)/torch_empty.json || true
-	$(RUN_ENV) $(PYTHON) bench/graphs_bench.py --json $(BUILD)/graphs_bench.json --markdown $(BUILD)/graphs_bench.md || true
+	$(RUN_ENV) $(PYTHON) bench/studies/torch_empty.py --json $(BUILD)/torch_empty.json || true
+	$(RUN_ENV) $(PYTHON) bench/studies/graphs_bench.py --json $(BUILD)/graphs_bench.json \
+	  --markdown $(BUILD)/graphs_bench.md || true
 	$(MAKE) --no-print-directory audit-overhead BUILD=$(BUILD) || true
 	$(PYTHON) bench/report.py $(BUILD)/bench.json $(BUILD)/replay-*.json $(BUILD)/torch_empty.json $(BENCH_DOC)
 
@@ -147,7 +149,7 @@ bench: build
 # `make gpu-test`; skips without a GPU. AUDIT_OVERHEAD_ARGS adds options (e.g. --reps 3).
 AUDIT_OVERHEAD_ARGS ?=
 audit-overhead:
-	$(RUN_ENV) $(PYTHON) bench/audit_overhead.py \
+	$(RUN_ENV) $(PYTHON) bench/studies/audit_overhead.py \
 	  --json $(BUILD)/audit_overhead.json --markdown $(BUILD)/audit_overhead.md $(AUDIT_OVERHEAD_ARGS)
 
 # Each prefetch pipeline example under each debug option, DETECTION_RUNS processes per row (about 5.6 s each on
@@ -155,17 +157,17 @@ audit-overhead:
 # in how many runs the bug showed (NaN, warnings) and, for the fixed pipelines, false alarms.
 DETECTION_RUNS ?= 8
 detection-rate:
-	$(RUN_ENV) $(PYTHON) bench/detection_rate.py \
+	$(RUN_ENV) $(PYTHON) bench/studies/detection_rate.py \
 	  --runs $(DETECTION_RUNS) --json $(BUILD)/detection_rate.json --markdown $(BUILD)/detection_rate.md
 
-# GPT-2 training with a random sequence length per step (bench/fragmentation.py): peak reserved / allocated
-# and ms/step at batch 8, then the largest batch that trains under a 24 GiB cap (bisection, one process per
-# trial), for PyTorch's allocator and streamalloc, each with and without expandable segments (~5 min on an
-# H200). Uses the libraries of an earlier `make build` or `make gpu-test`; needs transformers; skips
-# without a GPU. FRAGMENTATION_ARGS adds options (e.g. --cap-gib 12 --bracket 2:17).
+# GPT-2 training with a random sequence length per step (bench/studies/fragmentation.py): peak reserved / allocated
+# and ms/step at batch 8, then the largest batch that trains under a 24 GiB cap (bisection, one process per trial),
+# for PyTorch's allocator and streamalloc, each with and without expandable segments (~5 min on an H200). Uses the
+# libraries of an earlier `make build` or `make gpu-test`; needs transformers; skips without a GPU. FRAGMENTATION_ARGS
+# adds options (e.g. --cap-gib 12 --bracket 2:17).
 FRAGMENTATION_ARGS ?=
 fragmentation:
-	$(RUN_ENV) $(PYTHON) bench/fragmentation.py \
+	$(RUN_ENV) $(PYTHON) bench/studies/fragmentation.py \
 	  --json $(BUILD)/fragmentation.json --markdown $(BUILD)/fragmentation.md $(FRAGMENTATION_ARGS)
 
 # The CPU suite under sanitizers, in build-asan / build-tsan. The runs keep the model fuzzer to 50k ops

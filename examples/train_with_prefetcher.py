@@ -14,7 +14,7 @@ default stream still trains on it (a loop without that record_stream has exactly
 With the default (deterministic) settings the losses match PyTorch's allocator bit for bit; the last
 stdout line is a JSON summary. It includes the steady-state throughput ("steps_per_s", "samples_per_s"
 over "timed_steps"): the steps after the first --warmup-steps (CUDA init, the first kernels, cudnn
-autotuning), timed between two torch.cuda.synchronize() calls (bench/audit_overhead.py uses it).
+autotuning), timed between two torch.cuda.synchronize() calls (bench/studies/audit_overhead.py uses it).
 """
 
 import argparse

@@ -1,4 +1,4 @@
-"""bench/fragmentation.py: its arguments, the bisection of the max-batch mode, the tables and the
+"""bench/studies/fragmentation.py: its arguments, the bisection of the max-batch mode, the tables and the
 environment of each allocator's process (no GPU needed); its training step on the CPU with a tiny GPT-2
 (needs transformers); and a short run of both modes on a GPU."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from support import CUDA_DEVICES, HAS_C_LIBRARY, REPO, requires_cuda, requires_torch, run_python
 
-SCRIPT = REPO / "bench" / "fragmentation.py"
+SCRIPT = REPO / "bench" / "studies" / "fragmentation.py"
 _spec = importlib.util.spec_from_file_location("fragmentation", SCRIPT)
 frag = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(frag)

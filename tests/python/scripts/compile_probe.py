@@ -23,7 +23,7 @@ from torch import nn
 
 from _common import emit
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench" / "studies"))
 from transformer_block import Block  # noqa: E402  (the benchmark's block)
 
 D_MODEL, HEADS, FF, BATCH = 128, 4, 256, 8

@@ -2,7 +2,7 @@
 """How often each debug option catches the prefetch pipeline's bugs: every pipeline example under each configuration,
 run --runs times, one process each.
 
-    python3 bench/detection_rate.py [--runs 8] [--json OUT] [--markdown OUT] [--require-gpu]
+    python3 bench/studies/detection_rate.py [--runs 8] [--json OUT] [--markdown OUT] [--require-gpu]
 
 A race shows or hides with timing, so one green test run says little about "every run". Each row here
 runs one example (examples/seed_*.py) under one configuration and counts the runs in which the bug
@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 
 # (example, conf or None for native, extra arguments, what counts as "showed", what it is meant to show)

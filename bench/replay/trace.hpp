@@ -1,6 +1,6 @@
 // Allocation traces: the compact text format streamalloc_replay reads (docs/benchmarking.md, "Trace
-// format"). bench/traces/convert_snapshot.py writes it from a PyTorch memory snapshot;
-// bench/traces/make_synthetic.py writes a synthetic one.
+// format"). bench/replay/convert_snapshot.py writes it from a PyTorch memory snapshot;
+// bench/replay/make_synthetic.py writes a synthetic one.
 //
 //   #streamalloc-trace v1 workload=resnet50 native_peak_reserved=123 native_peak_allocated=45 ...
 //   a <id> <size> <stream>     allocate <size> bytes on <stream>; <id> names the block until freed

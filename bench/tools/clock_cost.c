@@ -1,6 +1,6 @@
 /* What one clock read costs on this host, ns per call (three rounds of 20 M calls each): the coarse
  * monotonic clock (block ages on the fast path), the TSC, and the precise monotonic clock.
- * Usage: cc -O2 bench/clock_cost.c -o /tmp/clock_cost && /tmp/clock_cost */
+ * Usage: cc -O2 bench/tools/clock_cost.c -o /tmp/clock_cost && /tmp/clock_cost */
 #include <stdio.h>
 #include <time.h>
 #include <x86intrin.h>

@@ -3,7 +3,7 @@
 # after 48 other streams were used; in many_streams' turns) on the simulated device, for two builds
 # of libstreamalloc.so, counted by callgrind. Wall-clock medians on a shared 2-core machine move by
 # 30% between runs; instruction counts repeat.
-# Usage: bench/icount_ab.sh BASE_LIB_DIR NEW_LIB_DIR     (each a build's lib/ folder)
+# Usage: bench/tools/icount_ab.sh BASE_LIB_DIR NEW_LIB_DIR     (each a build's lib/ folder)
 set -euo pipefail
 base=$1 new=$2
 dir=$(mktemp -d)

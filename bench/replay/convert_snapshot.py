@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Turn a PyTorch memory snapshot with allocation history into a streamalloc trace.
 
-    python3 bench/traces/convert_snapshot.py SNAPSHOT.pickle OUT.trace [--workload NAME]
+    python3 bench/replay/convert_snapshot.py SNAPSHOT.pickle OUT.trace [--workload NAME]
         [--device 0] [--max-ops 100000] [--record-log RECORD_LOG.jsonl]
 
 The snapshot comes from `torch.cuda.memory._record_memory_history(max_entries=N)`, the workload, then

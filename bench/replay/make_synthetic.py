@@ -2,7 +2,7 @@
 """Write a synthetic allocation trace of a training loop fed by a side-stream prefetcher, so that trace replay runs on
 any machine (CI, the simulated device) without a recorded workload.
 
-    python3 bench/traces/make_synthetic.py [--steps 40] [--seed 7] [-o bench/traces/synthetic_pipeline.trace]
+    python3 bench/replay/make_synthetic.py [--steps 40] [--seed 7] [-o bench/replay/traces/synthetic_pipeline.trace]
 
 The workload, per step (trace streams: 0 = compute, 1 = prefetch side stream, 2 = a gradient
 communication stream):
@@ -99,7 +99,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("-o", "--output", default="bench/traces/synthetic_pipeline.trace")
+    parser.add_argument("-o", "--output", default="bench/replay/traces/synthetic_pipeline.trace")
     args = parser.parse_args()
     lines = generate(args.steps, args.seed)
     header = (f"#streamalloc-trace v1 workload=synthetic_pipeline source=make_synthetic.py "

@@ -1,5 +1,5 @@
 /* Instructions per alloc/free pair through the C ABI on the simulated device, counted by callgrind:
- * a measure that does not move with the machine's load, for comparing two builds (bench/icount_ab.sh).
+ * a measure that does not move with the machine's load, for comparing two builds (bench/tools/icount_ab.sh).
  *
  *   icount_pairs same|cross N [BYTES] [OTHERS]
  *                                       N pairs of BYTES (default 4096) on one stream; `cross` records
@@ -19,7 +19,7 @@ int streamalloc_configure(const char*);
 
 #define KIB ((size_t)1024)
 #define MIB (1024 * KIB)
-/* bench/bench_many_streams.cpp's working set */
+/* bench/scenarios/bench_many_streams.cpp's working set */
 static const size_t kWorkingSet[22] = {12 * MIB,  8 * MIB,   2 * MIB,   2 * MIB,   2 * MIB,   2 * MIB,
                                        512 * KIB, 512 * KIB, 512 * KIB, 512 * KIB, 512 * KIB, 512 * KIB,
                                        512 * KIB, 512 * KIB, 64 * KIB,  64 * KIB,  64 * KIB,  64 * KIB,

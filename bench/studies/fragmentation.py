@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fragmentation under a training loop whose shapes change every step: GPT-2 with random sequence lengths.
 
-    python3 bench/fragmentation.py [--modes peaks,max-batch] [--allocators native,...] [--batch 8]
+    python3 bench/studies/fragmentation.py [--modes peaks,max-batch] [--allocators native,...] [--batch 8]
         [--steps 30] [--warmup 5] [--seq-min 128] [--seq-max 1024] [--layers 12] [--n-embd 768]
         [--precision bf16|fp32] [--seed 0] [--cap-gib 24] [--bracket 4:34] [--cap-steps 10]
         [--conf CONF] [--json OUT] [--markdown OUT] [--require-gpu]

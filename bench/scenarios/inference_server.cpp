@@ -9,7 +9,7 @@
 // aggregated over the threads; each repetition is one such window, the medians are reported.
 //
 // The allocator is chosen once per process (PyTorch cannot swap it once CUDA is in use), so one run
-// measures one allocator; bench/inference_server.py runs every allocator and compares them.
+// measures one allocator; bench/studies/inference_server.py runs every allocator and compares them.
 //
 //   --allocator=native|streamalloc|standin|rmm   (inference_allocators.hpp; rmm in builds with RMM)
 //   --threads=1,2,4,8,16   --models=mlp,conv   --max-batch=64

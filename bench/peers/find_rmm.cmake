@@ -1,4 +1,4 @@
-# RMM (the RAPIDS Memory Manager) for the rmm_* benchmark peers, from the prefix bench/fetch_rmm.sh
+# RMM (the RAPIDS Memory Manager) for the rmm_* benchmark peers, from the prefix bench/peers/fetch_rmm.sh
 # unpacks its wheels into. Defines, when found:
 #   streamalloc_rmm   imported target: RMM's headers (and the CCCL 3.5 headers it is built against),
 #                     librmm.so and librapids_logger.so, linked by full path (so CMake puts their folder
@@ -9,14 +9,14 @@
 # links the shared one (streamalloc's CUDA backend, LibTorch). librmm.so carries its own static runtime;
 # stream and event handles are the driver's, so both runtimes see the same ones.
 set(STREAMALLOC_RMM_ROOT "${PROJECT_SOURCE_DIR}/third_party/rmm" CACHE PATH
-    "RMM install prefix for the rmm_* benchmark peers (bench/fetch_rmm.sh fills the default)")
+    "RMM install prefix for the rmm_* benchmark peers (bench/peers/fetch_rmm.sh fills the default)")
 
 set(STREAMALLOC_BENCH_RMM OFF)
 set(STREAMALLOC_BENCH_RMM_REASON "")
 if(NOT STREAMALLOC_HAVE_CUDA)
   set(STREAMALLOC_BENCH_RMM_REASON "the CUDA backend is not built")
 elseif(NOT EXISTS "${STREAMALLOC_RMM_ROOT}/include/rmm/mr/arena_memory_resource.hpp")
-  set(STREAMALLOC_BENCH_RMM_REASON "no RMM in ${STREAMALLOC_RMM_ROOT}; bench/fetch_rmm.sh fetches it")
+  set(STREAMALLOC_BENCH_RMM_REASON "no RMM in ${STREAMALLOC_RMM_ROOT}; bench/peers/fetch_rmm.sh fetches it")
 else()
   # Plain paths, not find_library(): a cached result would outlive a change of STREAMALLOC_RMM_ROOT.
   set(STREAMALLOC_RMM_LIBRARY "")

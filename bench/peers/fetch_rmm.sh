@@ -9,7 +9,7 @@
 # bench/CMakeLists.txt builds the peers when that folder exists (STREAMALLOC_RMM_ROOT). The folder is
 # git-ignored; it is ~28 MB, small enough to carry to a machine without a package index.
 #
-# Usage: bench/fetch_rmm.sh [PREFIX]   (default: third_party/rmm at the repository root)
+# Usage: bench/peers/fetch_rmm.sh [PREFIX]   (default: third_party/rmm at the repository root)
 # Needs python3 with pip and access to a package index. Replaces PREFIX when it succeeds.
 set -euo pipefail
 

@@ -2,7 +2,7 @@
 """Record allocation traces of real PyTorch workloads on a GPU, with PyTorch's native allocator, for
 streamalloc_replay. Run on the GPU machine (no network needed):
 
-    python3 bench/traces/record_workloads.py [--only resnet50,gpt2,multistream] [--out-dir bench/traces]
+    python3 bench/replay/record_workloads.py [--only resnet50,gpt2,multistream] [--out-dir bench/replay/traces]
         [--max-ops 100000] [--keep-snapshots]
 
 Workloads (each in a fresh process, so the allocator starts empty and its peaks are its own):
@@ -14,7 +14,7 @@ Workloads (each in a fresh process, so the allocator starts empty and its peaks 
   multistream  4 streams running overlapping matmul pipelines: each stream produces activations that
                the next stream consumes (wait_stream + record_stream), 40 rounds of mixed sizes
 
-Each writes bench/traces/<name>.trace (see docs/benchmarking.md for the format) with the native
+Each writes bench/replay/traces/<name>.trace (see docs/benchmarking.md for the format) with the native
 allocator's peaks in the header, cut to --max-ops and kept under 2 MB. Tensor.record_stream is wrapped
 while recording so that the converter knows which stream each recorded block was used on.
 """
@@ -187,7 +187,7 @@ def record_child(name, out_dir, max_ops, keep_snapshot):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated workloads")
-    parser.add_argument("--out-dir", default=HERE)
+    parser.add_argument("--out-dir", default=os.path.join(HERE, "traces"))
     parser.add_argument("--max-ops", type=int, default=100000)
     parser.add_argument("--keep-snapshots", action="store_true", help="also keep <name>.snapshot.pickle")
     parser.add_argument("--child", help=argparse.SUPPRESS)

@@ -1,4 +1,4 @@
-"""The small pre-norm transformer block (causal attention, then an MLP) that bench/graphs_bench.py times
+"""The small pre-norm transformer block (causal attention, then an MLP) that bench/studies/graphs_bench.py times
 under torch.compile(mode="reduce-overhead") and tests/python/scripts/compile_probe.py checks against
 eager: one definition, so the test covers the workload the benchmark measures."""
 

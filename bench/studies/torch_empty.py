@@ -2,7 +2,7 @@
 """torch.empty + free through PyTorch: PyTorch's native allocator vs streamalloc, each in its own process
 (PyTorch picks its CUDA allocator once per process).
 
-    python3 bench/torch_empty.py [--sizes 512,1048576,67108864] [--iters 20000] [--repeats 7]
+    python3 bench/studies/torch_empty.py [--sizes 512,1048576,67108864] [--iters 20000] [--repeats 7]
         [--no-cpp] [--conf STREAMALLOC_CONF] [--json OUT]
 
 Two loops per size, each timed as a block and reported as ns per pair, median of --repeats after one

@@ -6,10 +6,10 @@ runs every model and thread count. The table shows the median requests/s of all 
 rounds, with the ratio to PyTorch's native allocator (above 1: more requests per second than native),
 and the median p99 latency. Without a GPU the server says so and this script reports "skipped".
 
-  python3 bench/inference_server.py [--build build] [--allocators native,streamalloc,standin,rmm]
+  python3 bench/studies/inference_server.py [--build build] [--allocators native,streamalloc,standin,rmm]
       [--threads 1,2,4,8,16] [--models mlp,conv] [--rounds 1] [--reps 3] [--duration 2] [--warmup 0.5]
       [--quick] [--conf K:V,...] [--json OUT.json] [--markdown OUT.md]
-  python3 bench/inference_server.py --from-json RUN.json [--markdown OUT.md]   (the table of a saved run)
+  python3 bench/studies/inference_server.py --from-json RUN.json [--markdown OUT.md]   (the table of a saved run)
 """
 import argparse
 import datetime
@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NO_GPU = "no CUDA GPU here"
 
 
@@ -108,7 +108,7 @@ def markdown(summary, allocators, lines, failures, machine):
         "",
         "Median requests/s over all threads (and, in brackets, the ratio to PyTorch's native allocator: above 1 "
         "is more requests per second). `standin` is the ceiling: an allocator with no locks and no stream "
-        "bookkeeping, unsafe in general (bench/inference_standin_allocator.cpp).",
+        "bookkeeping, unsafe in general (bench/scenarios/inference_standin_allocator.cpp).",
         "",
         "| model | threads | " + " | ".join(allocators) + " |",
         "|---|---:|" + "---:|" * len(allocators),
@@ -187,7 +187,7 @@ def main(argv):
         print("inference_server.py: every allocator failed:", failures, file=sys.stderr)
         return 1
     machine = (f"{lines[0]['gpu']} on {socket.gethostname()} ({os.cpu_count()} CPUs), torch {lines[0]['torch']}, "
-               f"commit {commit()}, {datetime.date.today().isoformat()}; bench/inference_server.py"
+               f"commit {commit()}, {datetime.date.today().isoformat()}; bench/studies/inference_server.py"
                f"{' --quick' if args.quick else ''}, {args.rounds} round(s) of {args.reps} repetitions.")
     write_table(lines, allocators, failures, machine, args.markdown)
     return 1 if failures else 0

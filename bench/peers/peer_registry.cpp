@@ -45,7 +45,7 @@ std::vector<std::pair<std::string, std::string>> peer_names(bool gpu, bool strea
 #ifdef STREAMALLOC_BENCH_RMM
   const std::string rmm_reason = gpu ? "" : no_gpu;
 #else
-  const std::string rmm_reason = "this build has no RMM (run bench/fetch_rmm.sh, then configure again)";
+  const std::string rmm_reason = "this build has no RMM (run bench/peers/fetch_rmm.sh, then configure again)";
 #endif
   return {{"streamalloc", ""},
           {"streamalloc_cabi", ""},

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the STREAMALLOC_ENABLE .pth costs at interpreter start: `python -c pass` timed N times each way.
 
-    python3 bench/pth_overhead.py [--runs 200] [--json out.json]
+    python3 bench/studies/pth_overhead.py [--runs 200] [--json out.json]
 
 Three ways, each from a virtual environment that sees this machine's packages (as a user's venv with
 torch would): without the .pth; with it installed and the switch unset (what every other Python
@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PTH = REPO / "torch_plugin" / "streamalloc" / "streamalloc-autoenable.pth"
 
 

@@ -2,7 +2,7 @@
 """What recording PyTorch's allocation history costs per torch.empty + free, under PyTorch's native
 allocator and under streamalloc, each in its own process (PyTorch picks its CUDA allocator once).
 
-    python3 bench/history_cost.py [--iters 20000] [--repeats 7] [--size 4096] [--json OUT]
+    python3 bench/studies/history_cost.py [--iters 20000] [--repeats 7] [--size 4096] [--json OUT]
 
 Modes, each timed as ns per pair (median of --repeats blocks of --iters pairs, after a warm-up block):
   off          no history (the hot path's cost of having the feature: compare with a build without it)

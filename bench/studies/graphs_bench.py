@@ -4,10 +4,10 @@ How to run (a CUDA machine, from the repository root, after building; PYTHONPATH
 STREAMALLOC_LIBRARY_DIR as for the Python tests):
 
     STREAMALLOC_LIBRARY_DIR=$PWD/build/lib PYTHONPATH=$PWD/torch_plugin \\
-        python3 bench/graphs_bench.py [--quick] [--reps 5] [--json results.json] [--markdown table.md]
+        python3 bench/studies/graphs_bench.py [--quick] [--reps 5] [--json results.json] [--markdown table.md]
 
-Each repetition is a separate process, alternating between `python bench/graphs_bench.py --worker`
-(PyTorch's allocator) and `python -m streamalloc bench/graphs_bench.py --worker` (streamalloc through
+Each repetition is a separate process, alternating between `python bench/studies/graphs_bench.py --worker`
+(PyTorch's allocator) and `python -m streamalloc bench/studies/graphs_bench.py --worker` (streamalloc through
 the launcher). A worker compiles a small transformer block (fixed shape, dynamic=False), runs N
 warm-up steps, then M timed steps, each beginning with torch.compiler.cudagraph_mark_step_begin().
 It reports the mean step time of the timed loop (one synchronize at its end), the median latency of
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-REPO = HERE.parents[1]
+REPO = HERE.parents[2]
 
 
 # ---- worker: one process, one allocator ----

@@ -4,7 +4,7 @@
 // relaxed capture mode and back, asks each stream it would record on or query whether it captures, and
 // a stream with pending blocks whether it is idle. The driver's entry points are asked of the runtime,
 // as CudaBackend asks for them.
-// Usage: nvcc -O2 bench/cuda_call_cost.cpp -o /tmp/cuda_call_cost && /tmp/cuda_call_cost
+// Usage: nvcc -O2 bench/tools/cuda_call_cost.cpp -o /tmp/cuda_call_cost && /tmp/cuda_call_cost
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>

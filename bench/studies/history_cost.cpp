@@ -5,10 +5,10 @@
 // Modes, each on a fresh Allocator (one device), timed as ns per pair, the median of R blocks of N pairs
 // after a warm-up block:
 //   off        the history never turned on: the hot path's price of having the feature is one pointer
-//              test per event site (bench/icount_ab.sh compares a build without it in instructions)
+//              test per event site (bench/tools/icount_ab.sh compares a build without it in instructions)
 //   on         record_history on, a ring of 100000 entries, no caller context (C++ callers)
 //   on_context on, with a caller context set around each call (what the PyTorch plugin does, minus
-//              gathering the stack: bench/history_cost.py measures that end to end)
+//              gathering the stack: bench/studies/history_cost.py measures that end to end)
 // Scenarios: `same` (alloc + free on one stream) and `cross` (alloc, record_stream on a second stream,
 // free). With the history on, the per-stream fast path is off (events are recorded under the device
 // lock), so `on` measures the device-locked path plus the recording.

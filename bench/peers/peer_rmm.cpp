@@ -1,5 +1,5 @@
 // RMM's device memory resources as peers: the stream-ordered pools a RAPIDS user would pick. Built only
-// when CMake found RMM (bench/find_rmm.cmake; bench/fetch_rmm.sh fetches it) and the CUDA toolkit, in a
+// when CMake found RMM (bench/peers/find_rmm.cmake; bench/peers/fetch_rmm.sh fetches it) and the CUDA toolkit, in a
 // library of its own compiled as C++20 (RMM's headers need it); registered only when a GPU is present.
 //
 //   rmm_pool     pool_memory_resource over cuda_memory_resource: one coalescing best-fit pool with a

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What streamalloc's diagnostic modes cost on the copy-overlap training loop (examples/train_with_prefetcher.py).
 
-    python3 bench/audit_overhead.py [--reps 5] [--steps 1000] [--warmup-steps 100] [--samples 8192]
+    python3 bench/studies/audit_overhead.py [--reps 5] [--steps 1000] [--warmup-steps 100] [--samples 8192]
         [--trace] [--config NAME ...] [--cudnn-benchmark] [--json OUT] [--markdown OUT] [--require-gpu]
 
 Every configuration runs the training loop in its own process, since PyTorch picks its CUDA allocator
@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "examples" / "train_with_prefetcher.py"
 AUDIT_WARN_BUDGET = 0.05  # the issue: audit:warn costs <= 5% throughput
 
