@@ -192,3 +192,26 @@ def test_a_spawned_child_is_served_by_streamalloc(venv_python, tmp_path):
     assert outcome == "enabled" and path in ("extension", "c-abi")
     assert allocated >= 4 << 20 and active >= 1
 
+
+
+@requires_torch
+@requires_native
+@pytest.mark.parametrize("env_conf", [None, "poison:free"])
+def test_the_launcher_with_its_own_conf_enables_with_it_under_the_switch(venv_python, tmp_path, env_conf):
+    """STREAMALLOC_ENABLE=1 and `python -m streamalloc --conf ...`: the launcher's enable imports torch,
+    so the switch's hook must leave the installing to it; were the hook to enable first (with
+    STREAMALLOC_CONF, or the defaults), the launcher's options would then be refused as different."""
+    import torch
+
+    if torch.version.cuda is None:
+        pytest.skip("enable() needs a CUDA build of PyTorch")
+    script = tmp_path / "launched.py"
+    script.write_text(textwrap.dedent(PROBE))
+    result = run_in(venv_python, None, "1", conf=env_conf,
+                    args=["-m", "streamalloc", "--conf", "audit:warn", str(script)])
+    assert result.returncode == 0, result.stderr
+    outcome, state = result.stdout.splitlines()[:2]
+    assert outcome == "explicit", result.stderr
+    enabled, conf, _ = state.split(" ", 2)
+    assert enabled == "True" and "audit:warn" in conf
+    assert "options differ" not in result.stderr

@@ -24,8 +24,8 @@ import sys
 
 SWITCH_VARIABLE = "STREAMALLOC_ENABLE"
 
-# None: torch not imported yet; "enabled"; "explicit" (torch was imported by an enable() call, which
-# installs the allocator with its own options); or "failed: <reason>".
+# None: torch not imported yet; "enabled"; "explicit" (torch was imported by an enable() call, the
+# launcher's included, which installs the allocator with its own options); or "failed: <reason>".
 _outcome: str | None = None
 
 
@@ -35,19 +35,30 @@ def switch_is_set(environ=os.environ) -> bool:
 
 def outcome() -> str | None:
     """What the switch did in this process: None before torch was imported, "enabled", "explicit"
-    (an explicit streamalloc.enable() imported torch and installed the allocator itself), or "failed: ..."."""
+    (an explicit streamalloc.enable(), or the launcher, imported torch and installed the allocator itself),
+    or "failed: ..."."""
     return _outcome
 
 
-def _inside_explicit_enable() -> bool:
-    """True when torch is being imported by streamalloc.enable() itself (the program, or the launcher,
-    enabled it before importing torch): that call installs the allocator with the options it was given."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name == "enable" and frame.f_globals.get("__name__") == "streamalloc._enable":
-            return True
-        frame = frame.f_back
-    return False
+# True while streamalloc's own enable (streamalloc.enable(), or the launcher's) imports torch: that call
+# installs the allocator with the options it was given, so the hook must not install first.
+_explicit_import = False
+
+
+class explicit_torch_import:
+    """Context manager for an explicit enable's `import torch` (streamalloc/_enable.py): the hook then
+    leaves the installing to that call, whose options win over STREAMALLOC_CONF."""
+
+    def __enter__(self):
+        global _explicit_import
+        self._outer = _explicit_import
+        _explicit_import = True
+        return self
+
+    def __exit__(self, *exc):
+        global _explicit_import
+        _explicit_import = self._outer
+        return False
 
 
 def _enable_now() -> None:
@@ -108,7 +119,7 @@ class _TorchImportHook:
                 except AttributeError:
                     pass
             _remove()
-            _torch_imported(explicit=_inside_explicit_enable())
+            _torch_imported(explicit=_explicit_import)
 
         loader.exec_module = exec_module
         return spec

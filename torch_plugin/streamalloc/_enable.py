@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import threading
 import warnings
 from typing import Protocol
@@ -169,8 +170,15 @@ def _choose_path() -> InstallPath:
 
 
 def _import_torch_with_cuda():
+    # Under STREAMALLOC_ENABLE=1 the switch's hook (streamalloc/_autoenable.py, loaded by the .pth) watches
+    # this import; the marker tells it that this call installs the allocator, with its own options.
+    hook = sys.modules.get("streamalloc._autoenable")
     try:
-        import torch
+        if hook is None:
+            import torch
+        else:
+            with hook.explicit_torch_import():
+                import torch
     except ImportError as error:
         raise RuntimeError("streamalloc.enable() needs PyTorch: `import torch` failed "
                            f"({error})") from error
