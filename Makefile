@@ -13,28 +13,31 @@ CMAKE_ARGS ?=
 GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 CCACHE := $(shell command -v ccache 2>/dev/null)
 TORCH_MODE = $(if $(STREAMALLOC_NO_TORCH),OFF,AUTO)
-TORCH_PREFIX = $(if $(STREAMALLOC_NO_TORCH),,$(shell $(PYTHON) -c 'import torch;print(torch.utils.cmake_prefix_path)' 2>/dev/null))
-# The whole build: CUDA backend and PyTorch plugin where their toolkits are found.
-FULL_ARGS = -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTREAMALLOC_CUDA=AUTO -DSTREAMALLOC_TORCH=$(TORCH_MODE) \
-  $(if $(TORCH_PREFIX),-DCMAKE_PREFIX_PATH=$(TORCH_PREFIX))
+PYTHON_PATH := $(shell command -v $(PYTHON) 2>/dev/null)
+# The configure presets are CMakePresets.json's (default, gpu, asan, tsan, fuzz); the targets below add
+# what only the Makefile knows. CMake finds Torch through this Python (cmake/StreamallocTorch.cmake).
+TORCH_ARGS = -DSTREAMALLOC_TORCH=$(TORCH_MODE) $(if $(PYTHON_PATH),-DPython3_EXECUTABLE=$(PYTHON_PATH))
+# The whole build (preset default): CUDA backend and PyTorch plugin where their toolkits are found.
+FULL_ARGS = -DSTREAMALLOC_CUDA=AUTO $(TORCH_ARGS)
 # What the Python side needs to find the build's libraries and the package.
 RUN_ENV = STREAMALLOC_LIBRARY_DIR=$(abspath $(BUILD))/lib PYTHONPATH=$(abspath torch_plugin)
 PYTEST = $(RUN_ENV) $(PYTHON) -m pytest -q -rs tests/python
 
-# $(call configure,DIR,ARGS): cmake's output goes to DIR/configure.log; shown are its "streamalloc:"
-# lines (CUDA backend, PyTorch plugin, benchmark peers), or all of it when it fails.
+# $(call configure,DIR,PRESET,ARGS): `cmake --preset PRESET` into DIR, ARGS on top. cmake's output goes
+# to DIR/configure.log; shown are its "streamalloc:" lines (CUDA backend, PyTorch plugin, benchmark
+# peers), or all of it when it fails.
 define configure
 @mkdir -p $(1)
-@$(CMAKE) -S . -B $(1) -G Ninja $(if $(STREAMALLOC_WERROR),-DSTREAMALLOC_WERROR=$(STREAMALLOC_WERROR)) \
+@$(CMAKE) --preset $(2) -B $(1) $(if $(STREAMALLOC_WERROR),-DSTREAMALLOC_WERROR=$(STREAMALLOC_WERROR)) \
   $(if $(CCACHE),-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache) \
-  $(2) $(CMAKE_ARGS) >$(1)/configure.log 2>&1 || { cat $(1)/configure.log; echo "configure failed ($(1)/configure.log)"; exit 1; }
+  $(3) $(CMAKE_ARGS) >$(1)/configure.log 2>&1 || { cat $(1)/configure.log; echo "configure failed ($(1)/configure.log)"; exit 1; }
 @sed -n 's/^-- streamalloc: /configure: /p' $(1)/configure.log
 endef
 
-# $(call build,DIR,ARGS,TARGETS): configure DIR with ARGS, then build TARGETS there (everything when empty).
+# $(call build,DIR,PRESET,ARGS,TARGETS): configure DIR, then build TARGETS there (everything when empty).
 define build
-$(call configure,$(1),$(2))
-@$(CMAKE) --build $(1) -j $(JOBS) $(if $(3),--target $(3))
+$(call configure,$(1),$(2),$(3))
+@$(CMAKE) --build $(1) -j $(JOBS) $(if $(4),--target $(4))
 endef
 
 .PHONY: help deps build test demo gpu-test gpu-sanitize gpu-soak traces bench audit-overhead detection-rate fragmentation test-asan test-tsan fuzz clean
@@ -62,7 +65,7 @@ deps:
 	@.ci/setup-deps $(if $(STREAMALLOC_NO_TORCH),,--torch)
 
 build: deps
-	$(call build,$(BUILD),$(FULL_ARGS))
+	$(call build,$(BUILD),default,$(FULL_ARGS))
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 600
@@ -73,11 +76,11 @@ test: build
 # bytes per stream ($(BUILD)/demo_timeline.png). Each says whether it ran on the GPU or the simulated
 # device. Builds only what it runs. Without a GPU, a first demo leaves the CUDA backend and the PyTorch
 # plugin out (nothing here would run them; `make test` adds them); an existing build is kept as configured.
-DEMO_ARGS = -DCMAKE_BUILD_TYPE=RelWithDebInfo $(if $(GPU),$(FULL_ARGS),\
+DEMO_ARGS = $(if $(GPU),$(FULL_ARGS),\
   $(if $(wildcard $(BUILD)/CMakeCache.txt),,-DSTREAMALLOC_CUDA=OFF -DSTREAMALLOC_TORCH=OFF))
 demo:
 	@.ci/setup-deps
-	$(call build,$(BUILD),$(DEMO_ARGS),streamalloc_bench streamalloc_demo)
+	$(call build,$(BUILD),default,$(DEMO_ARGS),streamalloc_bench streamalloc_demo)
 	@echo
 	@$(BUILD)/bench/streamalloc_bench --summary
 	@echo
@@ -91,7 +94,7 @@ demo:
 GPU_DEPS = .ci/setup-deps $(1) || echo "$@: could not install missing packages (offline?); building with what is here"
 gpu-test:
 	@$(call GPU_DEPS,--torch)
-	$(call build,$(BUILD),$(FULL_ARGS) -DSTREAMALLOC_CUDA=ON)
+	$(call build,$(BUILD),gpu,$(TORCH_ARGS))
 	@nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 	ctest --test-dir $(BUILD) --output-on-failure -L cpu -j $(JOBS) --timeout 900
 	ctest --test-dir $(BUILD) --output-on-failure -LE cpu -j 1 --timeout 900
@@ -103,7 +106,7 @@ gpu-test:
 # them on purpose (OOM, bad handles, capture checks) and check that streamalloc turns them into errors.
 gpu-sanitize:
 	@$(call GPU_DEPS)
-	$(call build,$(BUILD),$(FULL_ARGS) -DSTREAMALLOC_CUDA=ON,streamalloc_gpu_tests)
+	$(call build,$(BUILD),gpu,$(TORCH_ARGS),streamalloc_gpu_tests)
 	compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 $(BUILD)/tests/streamalloc_gpu_tests
 
 # The prefetch pipeline with random sizes (512 B to 64 MiB) on SOAK_STREAMS stream pairs for SOAK_SECONDS,
@@ -113,7 +116,7 @@ SOAK_SECONDS ?= 600
 SOAK_STREAMS ?= 4
 gpu-soak:
 	@$(call GPU_DEPS)
-	$(call build,$(BUILD),$(FULL_ARGS) -DSTREAMALLOC_CUDA=ON,streamalloc_soak)
+	$(call build,$(BUILD),gpu,$(TORCH_ARGS),streamalloc_soak)
 	@nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 	$(BUILD)/tests/soak/streamalloc_soak --backend cuda --seconds $(SOAK_SECONDS) --streams $(SOAK_STREAMS) \
 	  --json $(BUILD)/soak.json
@@ -170,25 +173,22 @@ fragmentation:
 	$(RUN_ENV) $(PYTHON) bench/studies/fragmentation.py \
 	  --json $(BUILD)/fragmentation.json --markdown $(BUILD)/fragmentation.md $(FRAGMENTATION_ARGS)
 
-# The CPU suite under sanitizers, in build-asan / build-tsan. The runs keep the model fuzzer to 50k ops
-# per case (the full 10^6 run is in `make test`).
-SANITIZER_FUZZ_OPS ?= 50000
-SANITIZER_ARGS = -DSTREAMALLOC_CUDA=OFF -DSTREAMALLOC_TORCH=OFF -DSTREAMALLOC_BUILD_BENCH=OFF
-test-asan: SANITIZE = address;undefined
-test-asan: SANITIZE_BUILD_TYPE = Debug
-test-tsan: SANITIZE = thread
-test-tsan: SANITIZE_BUILD_TYPE = RelWithDebInfo
+# The CPU suite under sanitizers, in build-asan / build-tsan (presets asan, tsan: configure, build and
+# test). The runs keep the model fuzzer to 50k ops per case (the test presets' STREAMALLOC_FUZZ_OPS; the
+# full 10^6 run is in `make test`).
 test-asan test-tsan:
 	@.ci/setup-deps
-	$(call build,build-$(@:test-%=%),-DCMAKE_BUILD_TYPE=$(SANITIZE_BUILD_TYPE) "-DSTREAMALLOC_SANITIZE=$(SANITIZE)" $(SANITIZER_ARGS),streamalloc_tests)
-	STREAMALLOC_FUZZ_OPS=$(SANITIZER_FUZZ_OPS) ctest --test-dir build-$(@:test-%=%) --output-on-failure -j $(JOBS) -L cpu --timeout 1200
+	$(call configure,build-$(@:test-%=%),$(@:test-%=%))
+	@$(CMAKE) --build --preset $(@:test-%=%) -j $(JOBS)
+	ctest --preset $(@:test-%=%) -j $(JOBS)
 
-# Open-ended libFuzzer run of the model-based fuzzer (clang). FUZZ_SECONDS bounds it (default 300).
+# Open-ended libFuzzer run of the model-based fuzzer (clang; preset fuzz). FUZZ_SECONDS bounds it (default 300).
 FUZZ_SECONDS ?= 300
 fuzz:
 	@.ci/setup-deps
 	@command -v clang++ >/dev/null || { echo "make fuzz needs clang (apt-get install clang)"; exit 1; }
-	$(call build,build-fuzz,-DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo $(SANITIZER_ARGS),streamalloc_fuzz)
+	$(call configure,build-fuzz,fuzz)
+	@$(CMAKE) --build --preset fuzz -j $(JOBS)
 	@mkdir -p build-fuzz/corpus
 	build-fuzz/tests/fuzz/streamalloc_fuzz -max_len=8192 -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus
 

@@ -18,9 +18,11 @@ rm -rf "$work"
 mkdir -p "$work"
 prefix=$work/prefix
 
+# The projects set no C++ standard: C++17 comes from the package's targets (target_compile_features), and
+# CMAKE_CXX_STANDARD=14 below would leave them at C++14, which streamalloc's headers do not compile as.
 configure_and_build() {  # SOURCE BINARY PREFIX_PATH
   if ! "$cmake" -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_PREFIX_PATH=$3" \
-      >"$2.configure.log" 2>&1; then
+      -DCMAKE_CXX_STANDARD=14 -DCMAKE_CXX_EXTENSIONS=OFF >"$2.configure.log" 2>&1; then
     cat "$2.configure.log"
     echo "check_install: configuring $1 against $prefix failed" >&2
     exit 1
@@ -57,8 +59,8 @@ if set(blocks) != {"cpp", "cmake"}:
     sys.exit(f"{doc}: the LibTorch section needs a ```cpp and a ```cmake block")
 open(f"{out}/main.cpp", "w").write(blocks["cpp"])
 open(f"{out}/CMakeLists.txt", "w").write(
-    "cmake_minimum_required(VERSION 3.22)\nproject(doc_libtorch_example LANGUAGES CXX)\n"
-    "set(CMAKE_CXX_STANDARD 17)\nadd_executable(app main.cpp)\n" + blocks["cmake"])
+    "cmake_minimum_required(VERSION 3.24)\nproject(doc_libtorch_example LANGUAGES CXX)\n"
+    "add_executable(app main.cpp)\n" + blocks["cmake"])
 PY
     configure_and_build "$work/example" "$work/example-build" "$prefix;$torch_prefix"
     echo "check_install: the docs/pytorch.md LibTorch example built against $prefix"
