@@ -40,7 +40,13 @@ $(call configure,$(1),$(2),$(3))
 @$(CMAKE) --build $(1) -j $(JOBS) $(if $(4),--target $(4))
 endef
 
-.PHONY: help deps build test demo gpu-test gpu-sanitize gpu-soak traces bench audit-overhead detection-rate fragmentation test-asan test-tsan fuzz clean
+# Formatting and lint: clang-format (.clang-format) on the C/C++/CUDA sources below, ruff (ruff.toml) on
+# every Python file. `make format` rewrites files; `make lint` changes nothing and fails on any difference.
+CLANG_FORMAT ?= clang-format
+FORMAT_DIRS = allocator torch_plugin/src torch_plugin/include tests bench examples
+FORMAT_SOURCES = $(shell git ls-files -- $(foreach d,$(FORMAT_DIRS),$(foreach e,c h cpp hpp cu cuh,'$(d)/*.$(e)')))
+
+.PHONY: help deps build test demo gpu-test gpu-sanitize gpu-soak traces bench audit-overhead detection-rate fragmentation test-asan test-tsan fuzz format lint clean
 
 help:
 	@echo "make demo      set up, build what it runs, run the allocation benchmark (streamalloc against each peer"
@@ -59,6 +65,8 @@ help:
 	@echo "make gpu-soak  on a GPU machine: the pipeline soak (SOAK_SECONDS=600, SOAK_STREAMS=4 stream pairs), every byte checked"
 	@echo "make test-asan / test-tsan   the CPU suite under ASan+UBSan / TSan"
 	@echo "make fuzz      open-ended libFuzzer run (clang)"
+	@echo "make format    apply clang-format to the C/C++ sources and ruff's fixes to the Python"
+	@echo "make lint      check both without changing anything (clang-format --dry-run -Werror, ruff check)"
 	@echo "Variables: BUILD=dir JOBS=n STREAMALLOC_NO_TORCH=1 STREAMALLOC_WERROR=ON CMAKE_ARGS=... (cmake's full output: DIR/configure.log)"
 
 deps:
@@ -191,6 +199,18 @@ fuzz:
 	@$(CMAKE) --build --preset fuzz -j $(JOBS)
 	@mkdir -p build-fuzz/corpus
 	build-fuzz/tests/fuzz/streamalloc_fuzz -max_len=8192 -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus
+
+format:
+	@.ci/setup-deps --lint
+	$(CLANG_FORMAT) -i $(FORMAT_SOURCES)
+	$(PYTHON) -m ruff check --fix .
+
+lint:
+	@.ci/setup-deps --lint
+	@status=0; \
+	  $(CLANG_FORMAT) --dry-run -Werror $(FORMAT_SOURCES) || status=1; \
+	  $(PYTHON) -m ruff check . || status=1; \
+	  exit $$status
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan build-fuzz
