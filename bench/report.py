@@ -174,7 +174,9 @@ def collect_stored(run_dirs):
                  "replay": [n for n in names if n.startswith("replay-") and n.endswith(".json")],
                  "torch_empty": [n for n in names if n == "torch_empty.json"],
                  "fragmentation": [n for n in names if n == "fragmentation.json"],
-                 "inference": [n for n in names if n.startswith("inference_server") and n.endswith(".md")]}
+                 "inference": [n for n in names if n.startswith("inference_server") and n.endswith(".md")],
+                 "soak": [n for n in names if n.startswith("soak") and n.endswith(".json")],
+                 **{f"suite:{name}": [name] for name in SUITE_FILES if name in names}}
         for kind, files in kinds.items():
             if files and kind not in found:
                 found[kind] = ([os.path.join(run_dir, n) for n in files], source)
@@ -738,6 +740,52 @@ def readme_block(text):
     return rest.split(README_END, 1)[0].strip("\n")
 
 
+# Test logs a stored run may hold, and the line of each that says how it ended.
+SUITE_FILES = {
+    "gpu_tests.txt": ("the GPU suite (streamalloc_gpu_tests)", re.compile(r"\[  PASSED  \] (\d+ tests?)")),
+    "ctest_gpu_summary.txt": ("ctest, GPU and benchmark tests", re.compile(r"(\d+% tests passed(?:, \d+ tests? failed)? out of \d+)")),
+    "memcheck_summary.txt": ("compute-sanitizer memcheck", re.compile(r"(ERROR SUMMARY: \d+ errors?)")),
+}
+
+
+def soak_section(paths, source):
+    """streamalloc_soak --json summaries: every byte a consumer read checked, then a leak check."""
+    if not paths:
+        return ""
+    rows = []
+    for path in paths:
+        with open(path) as f:
+            d = json.load(f)
+        conf = "expandable_segments:true" if "expandable_segments:true" in d.get("options", "") else "defaults"
+        end = d.get("end", {})
+        left = [fmt_bytes(end.get(k, 0)) for k in ("allocated_bytes", "pending_bytes",
+                                                   "reserved_bytes_after_empty_cache")]
+        rows.append([os.path.basename(path), d.get("backend"), conf, f"{d.get('seconds', 0):.0f} s",
+                     d.get("stream_pairs"), f"{d.get('iterations', 0):,}", f"{d.get('allocations', 0):,}",
+                     f"{d.get('checks', 0):,}", f"{d.get('checks_wrong', 0):,}", " / ".join(left),
+                     "pass" if d.get("pass") else "**FAIL**"])
+    return (f"## Soak\n\n{source}. The prefetch pipeline with random sizes (512 B to 64 MiB) on several "
+            "stream pairs, every byte a consumer reads checked, then everything freed and `empty_cache()` "
+            "(`make gpu-soak`).\n\n"
+            + table(["file", "backend", "options", "time", "stream pairs", "iterations", "allocations",
+                     "checks", "wrong", "left: allocated / pending / reserved", "result"], rows) + "\n")
+
+
+def suites_section(entries):
+    """entries: (path, source text) of the test logs, each the newest of its name among the runs."""
+    if not entries:
+        return ""
+    rows = []
+    for path, source in entries:
+        what, pattern = SUITE_FILES[os.path.basename(path)]
+        with open(path, errors="replace") as f:
+            found = pattern.findall(f.read())
+        result = "; then ".join(("passed: " + x if x[0].isdigit() and "%" not in x else x) for x in found)
+        rows.append([what, result or "no summary line", source])
+    return ("## Test runs on the GPU\n\nThe summary lines of each suite's log in the stored runs, in order (a rerun follows its run).\n\n"
+            + table(["suite", "result", "run"], rows) + "\n")
+
+
 def fragmentation_section(data, source):
     if not data:
         return ""
@@ -828,8 +876,13 @@ def main(argv):
     rows = headline_rows(runs, replays, fragmentation, sources)
     headline_drawn = bool(rows) and headline_plot(rows, os.path.join(img_dir, HEADLINE_IMG))
 
+    def stored(kind):
+        paths, source = found.get(kind, ([], None)) if run_dirs else ([], None)
+        return paths, (source.describe(gpus["bench"]) if source else "")
+
     def src(kind):
-        return sources[kind].describe(gpus.get(kind)) if kind in sources else "source unknown"
+        return (sources[kind].describe(gpus.get(kind, gpus["bench"])) if kind in sources
+                else "source unknown")
 
     ref_note = (f"Ratios are to `{reference}` measured in the same run (below 1 is better for time)."
                 if reference else "No GPU peer in this run (simulated device): absolute numbers only; "
@@ -868,6 +921,9 @@ def main(argv):
         (torch_empty_section(torch_empty).replace("\n\n", f"\n\n{src('torch_empty')}. ", 1) if torch_empty else ""),
         fragmentation_section(fragmentation, src("fragmentation")),
         inference_section(inference_paths, inference_src.describe(gpus["bench"]) if inference_src else ""),
+        soak_section(*stored("soak")),
+        suites_section([(paths[0], src(kind)) for kind, (paths, _) in (found.items() if run_dirs else [])
+                        if kind.startswith("suite:")]),
     ]
     if plots:
         sections.append("## Plots\n\n" + "\n\n".join(f"![{title}](img/{name})" for name, title in plots) + "\n")
