@@ -142,10 +142,11 @@ bench: build
 	$(PYTHON) bench/report.py $(BUILD)/bench.json $(BUILD)/replay-*.json $(BUILD)/torch_empty.json $(BENCH_DOC)
 
 # docs/benchmarks.md, its plots and the README's headline table, regenerated from stored runs without running
-# anything; each kind of result (scenarios, replays, torch.empty, training, inference, soak, test logs) comes
-# from the first folder that has it.
+# anything; each kind of result (scenarios, replays, torch.empty, training, inference, debugging options,
+# soak, test logs) comes from the first folder that has it.
 BENCH_RESULTS ?= bench/results/2026-12-03-h200-c617b95 bench/results/2026-12-02-h200-6a419e1 \
-  bench/results/2026-12-01-h200-352e9e1 bench/results/2026-12-01-h200-805a628
+  bench/results/2026-12-01-h200-352e9e1 bench/results/2026-12-01-h200-805a628 \
+  bench/results/2026-11-30-h200-310979c bench/results/2026-11-30-h200-6e9adf8
 bench-report:
 	$(PYTHON) bench/report.py $(addprefix --from=,$(BENCH_RESULTS)) docs/benchmarks.md
 

@@ -176,6 +176,8 @@ def collect_stored(run_dirs):
                  "fragmentation": [n for n in names if n == "fragmentation.json"],
                  "inference": [n for n in names if n.startswith("inference_server") and n.endswith(".md")],
                  "soak": [n for n in names if n.startswith("soak") and n.endswith(".json")],
+                 "detection_rate": [n for n in names if n.startswith("detection_rate") and n.endswith(".md")][-1:],
+                 "audit_overhead": [n for n in names if n == "audit_overhead.md"],
                  **{f"suite:{name}": [name] for name in SUITE_FILES if name in names}}
         for kind, files in kinds.items():
             if files and kind not in found:
@@ -812,11 +814,12 @@ def fragmentation_section(data, source):
     return "\n".join(out)
 
 
-def inference_section(paths, source):
-    """The inference server's own markdown (bench/studies/inference_server.py --markdown), headings demoted."""
+def inference_section(paths, source, title="Inference server"):
+    """A study's own markdown (its --markdown output: inference_server.py, detection_rate.py,
+    audit_overhead.py), under a heading of the page, its own headings demoted."""
     if not paths:
         return ""
-    out = [f"## Inference server\n\n{source}.\n"]
+    out = [f"## {title}\n\n{source}.\n"]
     for path in paths:
         with open(path) as f:
             lines = f.read().strip().splitlines()
@@ -921,6 +924,8 @@ def main(argv):
         (torch_empty_section(torch_empty).replace("\n\n", f"\n\n{src('torch_empty')}. ", 1) if torch_empty else ""),
         fragmentation_section(fragmentation, src("fragmentation")),
         inference_section(inference_paths, inference_src.describe(gpus["bench"]) if inference_src else ""),
+        inference_section(*stored("detection_rate"), title="Debugging options: how often they catch the bugs"),
+        inference_section(*stored("audit_overhead"), title="Debugging options: what they cost on the training loop"),
         soak_section(*stored("soak")),
         suites_section([(paths[0], src(kind)) for kind, (paths, _) in (found.items() if run_dirs else [])
                         if kind.startswith("suite:")]),
