@@ -659,7 +659,8 @@ def headline_table(rows):
             text = row.fmt(value)
             native = row.values.get("torch_native")
             if peer != "torch_native" and native:
-                text += f" ({value / native:.2f}x)"
+                ratio = value / native
+                text += f" ({ratio:.2f}x)" if ratio < 10 else f" ({ratio:.0f}x)"
             cells.append(text)
         out.append(cells)
     return table(header, out)
@@ -869,7 +870,7 @@ def main(argv):
     if not run_dirs:
         here = this_run_source(context.get("date"))
         sources = {"bench": here, "replay": here, "torch_empty": here, "fragmentation": here}
-    gpus = {"bench": context.get("gpu_name"),
+    gpus = {"bench": context.get("gpu_name") or f"no GPU (host {context.get('host_name', 'unknown')})",
             "replay": next((r.get("context", {}).get("gpu_name") for r in replays if r.get("context")), None),
             "torch_empty": (torch_empty or {}).get("gpu"), "fragmentation": (fragmentation or {}).get("gpu")}
     reference = reference_peer(runs)
