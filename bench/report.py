@@ -28,6 +28,7 @@ import os
 import re
 import statistics
 import subprocess
+import textwrap
 import sys
 from collections import defaultdict
 
@@ -426,7 +427,8 @@ def targets_section(context, runs, replays, torch_empty):
         else:
             rows.append([label, "<= 0.85x native", "n/a", "not measured: torch_empty.py failed (see below)"])
     else:
-        rows.append([label, "<= 0.85x native", "n/a", "not measured: run bench/studies/torch_empty.py --json (needs a GPU)"])
+        rows.append([label, "<= 0.85x native", "n/a",
+                     "not measured: run bench/studies/torch_empty.py --json (needs a GPU)"])
 
     ratio_target("cross-stream pair with record_stream, C ABI", "cross_stream", 0.5)
 
@@ -683,12 +685,13 @@ def headline_block(rows, sources, gpus, page_link, img_link):
     if not rows:
         return ("No GPU results in this run: the headline needs streamalloc_bench on a GPU with its peers "
                 "(`make bench`).")
+    note = ("In brackets: the ratio to PyTorch's native allocator in the same run (time and memory: lower is "
+            "better; pairs per second: higher is better). — : not measured for that allocator. Sources: "
+            + "; ".join(headline_sources(rows, sources, gpus)) + f". Every table: [{page_link}]({page_link}).")
     return ("\n".join([
         headline_table(rows),
         "",
-        "In brackets: the ratio to PyTorch's native allocator in the same run (time and memory: lower is "
-        "better; pairs per second: higher is better). — : not measured for that allocator. Sources: "
-        + "; ".join(headline_sources(rows, sources, gpus)) + f". Every table: [{page_link}]({page_link}).",
+        textwrap.fill(note, width=110, break_long_words=False, break_on_hyphens=False),
         "",
         f"![streamalloc, cudaMallocAsync and RMM relative to PyTorch's native allocator]({img_link})",
     ]))
@@ -746,7 +749,8 @@ def readme_block(text):
 # Test logs a stored run may hold, and the line of each that says how it ended.
 SUITE_FILES = {
     "gpu_tests.txt": ("the GPU suite (streamalloc_gpu_tests)", re.compile(r"\[  PASSED  \] (\d+ tests?)")),
-    "ctest_gpu_summary.txt": ("ctest, GPU and benchmark tests", re.compile(r"(\d+% tests passed(?:, \d+ tests? failed)? out of \d+)")),
+    "ctest_gpu_summary.txt": ("ctest, GPU and benchmark tests",
+                              re.compile(r"(\d+% tests passed(?:, \d+ tests? failed)? out of \d+)")),
     "memcheck_summary.txt": ("compute-sanitizer memcheck", re.compile(r"(ERROR SUMMARY: \d+ errors?)")),
 }
 
@@ -785,7 +789,8 @@ def suites_section(entries):
             found = pattern.findall(f.read())
         result = "; then ".join(("passed: " + x if x[0].isdigit() and "%" not in x else x) for x in found)
         rows.append([what, result or "no summary line", source])
-    return ("## Test runs on the GPU\n\nThe summary lines of each suite's log in the stored runs, in order (a rerun follows its run).\n\n"
+    return ("## Test runs on the GPU\n\nThe summary lines of each suite's log in the stored runs, in order "
+            "(a rerun follows its run).\n\n"
             + table(["suite", "result", "run"], rows) + "\n")
 
 
@@ -807,7 +812,8 @@ def fragmentation_section(data, source):
     out.append(f"Batch {setup.get('batch')}, {setup.get('steps')} steps ({setup.get('warmup')} untimed):\n\n"
                + table(["allocator", "peak reserved", "peak allocated", "reserved / allocated", "ms/step (median)"],
                        rows) + "\n")
-    rows = [[name, r.get("largest"), "yes" if r.get("at_least") else ""] for name, r in data.get("max_batch", {}).items()]
+    rows = [[name, r.get("largest"), "yes" if r.get("at_least") else ""]
+            for name, r in data.get("max_batch", {}).items()]
     if rows:
         out.append(f"Largest batch that trains under a cap of {setup.get('cap_gib')} GiB "
                    f"({setup.get('cap_steps')} steps per trial, bisection):\n\n"
