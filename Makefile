@@ -46,7 +46,7 @@ CLANG_FORMAT ?= clang-format
 FORMAT_DIRS = allocator torch_plugin/src torch_plugin/include tests bench examples
 FORMAT_SOURCES = $(shell git ls-files -- $(foreach d,$(FORMAT_DIRS),$(foreach e,c h cpp hpp cu cuh,'$(d)/*.$(e)')))
 
-.PHONY: help deps build test demo gpu-test gpu-sanitize gpu-soak traces bench audit-overhead detection-rate fragmentation test-asan test-tsan fuzz format lint clean
+.PHONY: help deps build test demo gpu-test gpu-sanitize gpu-soak traces bench bench-report audit-overhead detection-rate fragmentation test-asan test-tsan fuzz format lint clean
 
 help:
 	@echo "make demo      set up, build what it runs, run the allocation benchmark (streamalloc against each peer"
@@ -153,6 +153,15 @@ bench: build
 	  --markdown $(BUILD)/graphs_bench.md || true
 	$(MAKE) --no-print-directory audit-overhead BUILD=$(BUILD) || true
 	$(PYTHON) bench/report.py $(BUILD)/bench.json $(BUILD)/replay-*.json $(BUILD)/torch_empty.json $(BENCH_DOC)
+
+# docs/benchmarks.md, its plots and the README's headline table, regenerated from stored runs without running
+# anything; each kind of result (scenarios, replays, torch.empty, training, inference, debugging options,
+# soak, test logs) comes from the first folder that has it.
+BENCH_RESULTS ?= bench/results/2026-12-03-h200-c617b95 bench/results/2026-12-02-h200-6a419e1 \
+  bench/results/2026-12-01-h200-352e9e1 bench/results/2026-12-01-h200-805a628 \
+  bench/results/2026-11-30-h200-310979c bench/results/2026-11-30-h200-6e9adf8
+bench-report:
+	$(PYTHON) bench/report.py $(addprefix --from=,$(BENCH_RESULTS)) docs/benchmarks.md
 
 # streamalloc's diagnostic modes (audit, poison, check_sync, quarantine) against its defaults and PyTorch's
 # allocator on the copy-overlap training loop (examples/train_with_prefetcher.py), one process per run, medians
