@@ -57,8 +57,10 @@ class Series {
 
 // One pass through the PyTorch model; with a cap it stops at the first failing allocation.
 RunResult run_torch(const EventList& list, const TorchConfig& config, std::size_t cap, std::size_t points,
-                    bool segment_events) {
+                    bool segment_events, Completion completion) {
   TorchModel model(config, cap, segment_events);
+  // Recorded completion points win; otherwise the request's rule (plan.hpp, Completion).
+  const bool complete_at_malloc = !list.explicit_completions && completion == Completion::kNextMalloc;
   Series series(list.events.size(), points);
   RunResult out;
   std::size_t alloc_index = 0;
@@ -67,7 +69,7 @@ RunResult run_torch(const EventList& list, const TorchConfig& config, std::size_
     model.set_event_index(i);
     switch (e.kind) {
       case Event::Kind::kAlloc:
-        if (!model.malloc(e.slot, e.size, e.stream, !list.explicit_completions)) {
+        if (!model.malloc(e.slot, e.size, e.stream, complete_at_malloc)) {
           out.failed = true;
           out.failure = Failure{i, alloc_index, e.size, e.stream, model.reserved()};
         }
@@ -115,16 +117,26 @@ RunResult run_streamalloc(const EventList& list, const std::string& conf, std::s
       void* ptr = nullptr;
       std::size_t size = 0;
       std::uint32_t stream = 0;
+      bool used_elsewhere = false;
     };
     std::vector<Live> slots(list.slots);
+    // The allocator polls its fences once per tick of a coarse clock, so how soon a replayed pending
+    // block comes back would depend on the replay's speed. The replay settles them at the next
+    // allocation instead (the simulated device is always idle), as the PyTorch model does without
+    // recorded completion points: the plan is the same on every run.
+    bool frees_pending = false;
     std::size_t alloc_index = 0;
     for (std::size_t i = 0; i < list.events.size(); ++i) {
       const Event& e = list.events[i];
       switch (e.kind) {
         case Event::Kind::kAlloc:
+          if (frees_pending) {
+            allocator.process_fences();
+            frees_pending = false;
+          }
           try {
             void* ptr = allocator.allocate(std::max<std::size_t>(e.size, 1), 0, streams[e.stream]);
-            slots[e.slot] = Live{ptr, std::max<std::size_t>(e.size, 1), e.stream};
+            slots[e.slot] = Live{ptr, std::max<std::size_t>(e.size, 1), e.stream, false};
           } catch (const Error& error) {
             if (error.code() != ErrorCode::kOutOfMemory) throw;
             out.failed = true;
@@ -137,11 +149,15 @@ RunResult run_streamalloc(const EventList& list, const std::string& conf, std::s
         case Event::Kind::kFree: {
           Live& live = slots[e.slot];
           if (live.ptr) allocator.deallocate(live.ptr, live.size, 0, streams[live.stream]);
+          frees_pending = frees_pending || live.used_elsewhere;
           live = Live{};
           break;
         }
         case Event::Kind::kRecordStream:
-          if (slots[e.slot].ptr) allocator.record_stream(slots[e.slot].ptr, streams[e.stream]);
+          if (slots[e.slot].ptr) {
+            allocator.record_stream(slots[e.slot].ptr, streams[e.stream]);
+            slots[e.slot].used_elsewhere = slots[e.slot].used_elsewhere || e.stream != slots[e.slot].stream;
+          }
           break;
         case Event::Kind::kComplete:
           break;
@@ -236,6 +252,15 @@ PlanRequest parse_request(const std::string& text) {
     request.cap_bytes = j.value("cap_bytes", std::size_t{0});
     request.series_points = j.value("series_points", request.series_points);
     request.segment_events = j.value("segment_events", false);
+    std::string completion = j.value("completion", std::string("next_malloc"));
+    if (completion == "next_malloc") {
+      request.completion = Completion::kNextMalloc;
+    } else if (completion == "out_of_memory") {
+      request.completion = Completion::kOutOfMemory;
+    } else {
+      throw std::invalid_argument("plan request: completion '" + completion +
+                                  "' (expected next_malloc or out_of_memory)");
+    }
     if (j.contains("settings")) {
       for (const json& s : j["settings"]) {
         Setting setting{s.value("name", std::string()), s.value("allocator", std::string()),
@@ -276,7 +301,8 @@ std::string plan_json(const EventList& events, const PlanRequest& request) {
   for (std::size_t k = 0; k < settings.size(); ++k) {
     const Setting& s = settings[k];
     bool torch = s.allocator == "pytorch";
-    RunResult full = torch ? run_torch(events, torch_configs[k], 0, request.series_points, request.segment_events)
+    RunResult full = torch ? run_torch(events, torch_configs[k], 0, request.series_points, request.segment_events,
+                                     request.completion)
                            : run_streamalloc(events, s.conf, 0, request.series_points);
     json r;
     r["name"] = s.name;
@@ -293,7 +319,7 @@ std::string plan_json(const EventList& events, const PlanRequest& request) {
       if (!fits) {
         // Under the cap the allocator releases cached memory and retries before failing: a second
         // pass with the cap says whether and where it fails.
-        RunResult capped = torch ? run_torch(events, torch_configs[k], request.cap_bytes, 0, false)
+        RunResult capped = torch ? run_torch(events, torch_configs[k], request.cap_bytes, 0, false, request.completion)
                                  : run_streamalloc(events, s.conf, request.cap_bytes, 0);
         fits = !capped.failed;
         if (capped.failed) {

@@ -19,11 +19,18 @@ struct Setting {
   std::string conf;       // PYTORCH_CUDA_ALLOC_CONF syntax, or streamalloc's conf string
 };
 
+// When the events of a block freed after a use on another stream complete, in the PyTorch model, for
+// event lists without recorded completion points (`c` lines; snapshots have them, streamalloc_replay
+// traces do not). The two rules bracket what the GPU did: kNextMalloc (the GPU kept up with the host)
+// gives the least memory, kOutOfMemory (pending until the out-of-memory path waits for them) the most.
+enum class Completion { kNextMalloc, kOutOfMemory };
+
 struct PlanRequest {
   std::vector<Setting> settings;  // empty: default_settings()
   std::size_t cap_bytes = 0;      // 0: no cap
   std::size_t series_points = 400;  // reserved bytes over the trace, at most this many points
   bool segment_events = false;    // include the PyTorch model's segment events (validation)
+  Completion completion = Completion::kNextMalloc;  // "completion": "next_malloc" | "out_of_memory"
 };
 
 // PyTorch's allocator and streamalloc, each with default options and with expandable segments, plus
@@ -31,7 +38,8 @@ struct PlanRequest {
 std::vector<Setting> default_settings(const std::string& torch_conf = "", const std::string& streamalloc_conf = "");
 
 // {"cap_bytes": N, "series_points": N, "segment_events": bool,
-//  "settings": [{"name", "allocator", "conf"}...]}; every key optional. Throws std::invalid_argument.
+//  "completion": "next_malloc" | "out_of_memory", "settings": [{"name", "allocator", "conf"}...]}; every key
+// optional. Throws std::invalid_argument.
 PlanRequest parse_request(const std::string& json);
 
 // The report as JSON: {"events": N, "allocs": N, "streams": N, "cap_bytes": N, "settings": [{"name",
