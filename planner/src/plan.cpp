@@ -97,14 +97,23 @@ RunResult run_torch(const EventList& list, const TorchConfig& config, std::size_
   return out;
 }
 
-// One pass through streamalloc's allocator on the simulated device (eager: a stream's work is done
-// as soon as it is enqueued, so fences complete when polled).
+// One pass through streamalloc's allocator on the simulated device.
+//
+// When the event list carries completion points (`c` lines: when PyTorch saw the events of a block's
+// stream uses complete, which says how far the GPU had got on those streams), the device runs in
+// manual mode: a record_stream enqueues work on the using stream, and that stream runs only at the
+// block's `c` line, so streamalloc's fences on it complete where PyTorch's events did. Without them
+// the device is eager (always idle) and pending blocks settle at the next allocation, as the PyTorch
+// model does. Fences are processed at those points and nowhere else (the allocator otherwise polls
+// once per tick of a coarse clock), so a plan is the same on every run.
 RunResult run_streamalloc(const EventList& list, const std::string& conf, std::size_t cap, std::size_t points) {
   Options options = Options::parse(conf, "the streamalloc setting");
   options.backend = BackendKind::kSim;
   SimBackend::Config sim;
   sim.memory_per_device = cap != 0 ? cap : kUncappedDevice;
   sim.address_space_per_device = std::max<std::size_t>(sim.memory_per_device * 4, std::size_t{1} << 40);
+  const bool manual = list.explicit_completions;
+  sim.mode = manual ? SimBackend::Mode::kManual : SimBackend::Mode::kEager;
   auto backend = std::make_shared<SimBackend>(sim);
   options.sim_memory_bytes = sim.memory_per_device;
   RunResult out;
@@ -120,17 +129,14 @@ RunResult run_streamalloc(const EventList& list, const std::string& conf, std::s
       bool used_elsewhere = false;
     };
     std::vector<Live> slots(list.slots);
-    // The allocator polls its fences once per tick of a coarse clock, so how soon a replayed pending
-    // block comes back would depend on the replay's speed. The replay settles them at the next
-    // allocation instead (the simulated device is always idle), as the PyTorch model does without
-    // recorded completion points: the plan is the same on every run.
+    std::vector<std::vector<std::uint32_t>> uses(list.slots);  // streams recorded on, until the `c` line
     bool frees_pending = false;
     std::size_t alloc_index = 0;
     for (std::size_t i = 0; i < list.events.size(); ++i) {
       const Event& e = list.events[i];
       switch (e.kind) {
         case Event::Kind::kAlloc:
-          if (frees_pending) {
+          if (frees_pending && !manual) {
             allocator.process_fences();
             frees_pending = false;
           }
@@ -153,13 +159,24 @@ RunResult run_streamalloc(const EventList& list, const std::string& conf, std::s
           live = Live{};
           break;
         }
-        case Event::Kind::kRecordStream:
-          if (slots[e.slot].ptr) {
-            allocator.record_stream(slots[e.slot].ptr, streams[e.stream]);
-            slots[e.slot].used_elsewhere = slots[e.slot].used_elsewhere || e.stream != slots[e.slot].stream;
+        case Event::Kind::kRecordStream: {
+          Live& live = slots[e.slot];
+          if (live.ptr && e.stream != live.stream) {
+            allocator.record_stream(live.ptr, streams[e.stream]);
+            live.used_elsewhere = true;
+            if (manual) {
+              backend->enqueue(0, streams[e.stream], [] {});  // the use: keeps the stream busy until `c`
+              uses[e.slot].push_back(e.stream);
+            }
           }
           break;
+        }
         case Event::Kind::kComplete:
+          if (manual && !uses[e.slot].empty()) {
+            for (std::uint32_t s : uses[e.slot]) backend->synchronize_stream(0, streams[s]);
+            uses[e.slot].clear();
+            allocator.process_fences();
+          }
           break;
       }
       if (points) series.add(i, static_cast<std::size_t>(allocator.stats(0).reserved_bytes[0].current));
@@ -173,8 +190,8 @@ RunResult run_streamalloc(const EventList& list, const std::string& conf, std::s
       if (live.ptr) allocator.deallocate(live.ptr, live.size, 0, streams[live.stream]);
     }
     allocator.synchronize_fences();
+    backend->synchronize_all();
   }
-  backend->synchronize_all();
   out.every = series.every();
   out.series = series.take();
   return out;
