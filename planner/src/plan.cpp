@@ -101,8 +101,9 @@ RunResult run_torch(const EventList& list, const TorchConfig& config, std::size_
 //
 // When the event list carries completion points (`c` lines: when PyTorch saw the events of a block's
 // stream uses complete, which says how far the GPU had got on those streams), the device runs in
-// manual mode: a record_stream enqueues work on the using stream, and that stream runs only at the
-// block's `c` line, so streamalloc's fences on it complete where PyTorch's events did. Without them
+// manual mode: a record_stream enqueues work on the using stream, and that stream and the block's
+// allocation stream run only at the block's `c` line, so streamalloc's fences on them complete where
+// PyTorch's events did. Without them
 // the device is eager (always idle) and pending blocks settle at the next allocation, as the PyTorch
 // model does. Fences are processed at those points and nowhere else (the allocator otherwise polls
 // once per tick of a coarse clock), so a plan is the same on every run.
@@ -130,6 +131,7 @@ RunResult run_streamalloc(const EventList& list, const std::string& conf, std::s
     };
     std::vector<Live> slots(list.slots);
     std::vector<std::vector<std::uint32_t>> uses(list.slots);  // streams recorded on, until the `c` line
+    std::vector<std::uint32_t> alloc_stream(list.slots);
     bool frees_pending = false;
     std::size_t alloc_index = 0;
     for (std::size_t i = 0; i < list.events.size(); ++i) {
@@ -143,6 +145,7 @@ RunResult run_streamalloc(const EventList& list, const std::string& conf, std::s
           try {
             void* ptr = allocator.allocate(std::max<std::size_t>(e.size, 1), 0, streams[e.stream]);
             slots[e.slot] = Live{ptr, std::max<std::size_t>(e.size, 1), e.stream, false};
+            alloc_stream[e.slot] = e.stream;
           } catch (const Error& error) {
             if (error.code() != ErrorCode::kOutOfMemory) throw;
             out.failed = true;
@@ -173,7 +176,9 @@ RunResult run_streamalloc(const EventList& list, const std::string& conf, std::s
         }
         case Event::Kind::kComplete:
           if (manual && !uses[e.slot].empty()) {
+            // The events on the using streams completed, and the allocation stream had got as far.
             for (std::uint32_t s : uses[e.slot]) backend->synchronize_stream(0, streams[s]);
+            backend->synchronize_stream(0, streams[alloc_stream[e.slot]]);
             uses[e.slot].clear();
             allocator.process_fences();
           }
