@@ -123,6 +123,15 @@ RunResult run_streamalloc(const EventList& list, const std::string& conf, std::s
     Allocator allocator(options, backend);
     std::vector<Stream> streams;
     for (std::size_t s = 0; s < list.streams; ++s) streams.push_back(backend->create_stream(0));
+    // In manual mode every stream always has work queued: an idle stream would let the allocator
+    // release a batch without a fence whenever its clock-driven poll happens to look.
+    auto run_stream = [&](std::uint32_t s) {
+      backend->synchronize_stream(0, streams[s]);
+      backend->enqueue(0, streams[s], [] {});
+    };
+    if (manual) {
+      for (Stream stream : streams) backend->enqueue(0, stream, [] {});
+    }
     struct Live {
       void* ptr = nullptr;
       std::size_t size = 0;
@@ -177,8 +186,8 @@ RunResult run_streamalloc(const EventList& list, const std::string& conf, std::s
         case Event::Kind::kComplete:
           if (manual && !uses[e.slot].empty()) {
             // The events on the using streams completed, and the allocation stream had got as far.
-            for (std::uint32_t s : uses[e.slot]) backend->synchronize_stream(0, streams[s]);
-            backend->synchronize_stream(0, streams[alloc_stream[e.slot]]);
+            for (std::uint32_t s : uses[e.slot]) run_stream(s);
+            run_stream(alloc_stream[e.slot]);
             uses[e.slot].clear();
             allocator.process_fences();
           }
