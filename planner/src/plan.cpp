@@ -30,6 +30,7 @@ struct RunResult {
   std::size_t peak_reserved = 0;
   std::size_t peak_allocated = 0;
   std::size_t device_allocs = 0;
+  std::size_t alloc_retries = 0;  // allocations that released cached memory and retried
   std::vector<std::size_t> series;  // max reserved per bucket of `every` events
   std::size_t every = 1;
   bool failed = false;
@@ -91,6 +92,7 @@ RunResult run_torch(const EventList& list, const TorchConfig& config, std::size_
   out.peak_reserved = model.peak_reserved();
   out.peak_allocated = model.peak_allocated();
   out.device_allocs = model.device_allocs();
+  out.alloc_retries = model.alloc_retries();
   out.every = series.every();
   out.series = series.take();
   if (segment_events) out.segment_events = model.segment_events();
@@ -200,6 +202,7 @@ RunResult run_streamalloc(const EventList& list, const std::string& conf, std::s
     out.peak_reserved = static_cast<std::size_t>(stats.reserved_bytes[0].peak);
     out.peak_allocated = static_cast<std::size_t>(stats.allocated_bytes[0].peak);
     out.device_allocs = static_cast<std::size_t>(stats.num_device_alloc);
+    out.alloc_retries = static_cast<std::size_t>(stats.num_alloc_retries);
     for (Live& live : slots) {
       if (live.ptr) allocator.deallocate(live.ptr, live.size, 0, streams[live.stream]);
     }
@@ -345,6 +348,7 @@ std::string plan_json(const EventList& events, const PlanRequest& request) {
         full.peak_allocated ? static_cast<double>(full.peak_reserved) / static_cast<double>(full.peak_allocated) : 0.0;
     r["device_allocs"] = full.device_allocs;
     r["first_failure"] = nullptr;
+    r["alloc_retries_under_cap"] = 0;
     if (request.cap_bytes != 0) {
       bool fits = full.peak_reserved <= request.cap_bytes;
       if (!fits) {
@@ -353,6 +357,7 @@ std::string plan_json(const EventList& events, const PlanRequest& request) {
         RunResult capped = torch ? run_torch(events, torch_configs[k], request.cap_bytes, 0, false, request.completion)
                                  : run_streamalloc(events, s.conf, request.cap_bytes, 0);
         fits = !capped.failed;
+        r["alloc_retries_under_cap"] = capped.alloc_retries;
         if (capped.failed) {
           r["first_failure"] = {{"event", capped.failure.event},
                                 {"alloc", capped.failure.alloc},

@@ -246,7 +246,9 @@ bool TorchModel::malloc(std::uint32_t slot, std::size_t size, std::uint32_t stre
   p.size = torch_round_size(size, config_);
   p.pool = p.size <= kSmallSize ? small_ : large_;
   p.alloc_size = torch_segment_size(p.size);
-  bool found = get_free_block(p) || alloc_block(p) || (release_available_cached_blocks(p) && alloc_block(p));
+  bool found = get_free_block(p) || alloc_block(p);
+  if (!found) ++alloc_retries_;
+  found = found || (release_available_cached_blocks(p) && alloc_block(p));
   if (!found) {
     release_cached_blocks();
     found = alloc_block(p);

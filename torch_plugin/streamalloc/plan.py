@@ -277,16 +277,19 @@ def format_table(report: dict) -> str:
     if report.get("truncated"):
         lines.append("note: the trace frees blocks it never allocated: the history's ring buffer dropped its "
                      "start, so the plan covers the recorded window only")
-    head = f"{'setting':<34} {'reserved GiB':>12} {'allocated GiB':>13} {'res/alloc':>9} {'device allocs':>13}"
+    head = f"{'setting':<38} {'reserved GiB':>12} {'allocated GiB':>13} {'res/alloc':>9} {'device allocs':>13}"
     if cap:
         head += f"  fits under {cap / GiB:.2f} GiB"
     lines.append(head)
     for s in report["settings"]:
-        row = (f"{s['name']:<34} {s['peak_reserved'] / GiB:>12.3f} {s['peak_allocated'] / GiB:>13.3f} "
+        row = (f"{s['name']:<38} {s['peak_reserved'] / GiB:>12.3f} {s['peak_allocated'] / GiB:>13.3f} "
                f"{s['reserved_per_allocated']:>9.3f} {s['device_allocs']:>13}")
         if cap:
             if s["fits"]:
-                row += "  yes"
+                retries = s.get("alloc_retries_under_cap", 0)
+                many = retries != 1
+                row += (f"  yes, {retries} allocation{'s' if many else ''} release{'' if many else 's'} cached memory "
+                        "first") if retries else "  yes"
             else:
                 f = s["first_failure"]
                 where = f"trace entry {f['trace_entry']} (alloc #{f['alloc']} of {f['size']} B)"

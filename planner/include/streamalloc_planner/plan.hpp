@@ -44,7 +44,8 @@ PlanRequest parse_request(const std::string& json);
 
 // The report as JSON: {"events": N, "allocs": N, "streams": N, "cap_bytes": N, "settings": [{"name",
 // "allocator", "conf", "peak_reserved", "peak_allocated", "reserved_per_allocated", "device_allocs",
-// "fits", "first_failure": {"event", "alloc", "size", "stream", "reserved"} | null, "series": {"every",
+// "fits", "first_failure": {"event", "alloc", "size", "stream", "reserved"} | null, "alloc_retries_under_cap"
+// (allocations that released cached memory and retried, under the cap), "series": {"every",
 // "reserved": [...]}, "segment_events": [[event, action, size, stream], ...]}...], "recommendation"}.
 // Throws std::invalid_argument for a bad setting (its conf names the key).
 std::string plan_json(const EventList& events, const PlanRequest& request);

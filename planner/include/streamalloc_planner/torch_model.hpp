@@ -84,6 +84,8 @@ class TorchModel {
   std::size_t device_allocs() const { return device_allocs_; }
   std::size_t device_frees() const { return device_frees_; }
   std::size_t pending_blocks() const { return pending_.size(); }
+  // Allocations that went through the out-of-memory path (released cached memory and retried).
+  std::size_t alloc_retries() const { return alloc_retries_; }
   // Address offset and size of the block of a live slot (tests); size 0 when the slot is empty.
   std::pair<std::uint64_t, std::size_t> block_of(std::uint32_t slot) const;
   // Number of cached free blocks (mapped) in the small / large size class.
@@ -124,7 +126,7 @@ class TorchModel {
   std::uint64_t next_address_ = 1ull << 40;
   std::size_t event_index_ = 0;
   std::size_t reserved_ = 0, peak_reserved_ = 0, allocated_ = 0, peak_allocated_ = 0;
-  std::size_t device_allocs_ = 0, device_frees_ = 0;
+  std::size_t device_allocs_ = 0, device_frees_ = 0, alloc_retries_ = 0;
   std::vector<SegmentEvent> segment_events_;
   std::unordered_set<Block*> all_;  // every block, for the destructor
 };
