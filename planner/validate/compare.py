@@ -9,7 +9,7 @@ For each workload of DATA/recorded.json (written by record_snapshots.py on a GPU
     (segment_alloc/free/map/unmap, each as (event of the trace, action, bytes)) against the sequence the
     snapshot recorded: the share of recorded segment events the model reproduces in order;
   - the plan's streamalloc peaks against the peaks of real streamalloc runs of the same workload.
-And for each bench trace (bench/traces/*.trace, which carry no segment events but the recorded peak
+And for each streamalloc_replay trace (bench/replay/traces/*.trace, which carry no segment events but the recorded peak
 reserved in their header): the model's peak against that peak.
 Needs the planner library (STREAMALLOC_LIBRARY_DIR, default build/lib) but neither torch nor a GPU.
 """
@@ -101,7 +101,10 @@ def compare_trace(path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default=os.path.join(ROOT, "planner", "validate", "data"))
-    parser.add_argument("--traces", default=os.path.join(ROOT, "bench", "traces"))
+    traces = os.path.join(ROOT, "bench", "replay", "traces")
+    if not os.path.isdir(traces):
+        traces = os.path.join(ROOT, "bench", "traces")
+    parser.add_argument("--traces", default=traces, help="streamalloc_replay traces (default: bench/replay/traces)")
     parser.add_argument("--out", default=os.path.join(ROOT, "planner", "validate", "results.json"))
     args = parser.parse_args()
     rows, trace_rows = [], []
