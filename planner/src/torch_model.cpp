@@ -84,6 +84,12 @@ TorchConfig TorchConfig::parse(std::string_view conf) {
       std::size_t mb = parse_size(key, value);
       // PyTorch raises values below the large segment size to it.
       config.max_split_size = std::max(mb, kLargeBuffer / kMiB) * kMiB;
+    } else if (key == "max_non_split_rounding_mb") {
+      std::size_t mb = parse_size(key, value);
+      if (mb < kLargeBuffer / kMiB) {
+        throw std::invalid_argument("PyTorch option max_non_split_rounding_mb: must be >= 20, got " + value);
+      }
+      config.max_non_split_rounding = mb * kMiB;
     } else if (key == "roundup_power2_divisions") {
       if (!value.empty() && value.front() == '[') {
         if (value.back() != ']') throw std::invalid_argument("PyTorch option roundup_power2_divisions: missing ']'");
@@ -110,7 +116,11 @@ TorchConfig TorchConfig::parse(std::string_view conf) {
           } else {
             std::size_t mb = parse_size(key, size_key);
             if (mb == 0) throw std::invalid_argument("PyTorch option roundup_power2_divisions: size 0");
-            std::size_t index = static_cast<std::size_t>(floor_log2(mb) + (is_pow2(mb) ? 0 : 1));
+            if (!is_pow2(mb)) {
+              throw std::invalid_argument("PyTorch option roundup_power2_divisions: size " + size_key +
+                                          " is not a power of two");
+            }
+            std::size_t index = static_cast<std::size_t>(floor_log2(mb));
             if (first) {
               std::fill(table.begin(), table.begin() + static_cast<long>(std::min(index, table.size())), divisions);
               first = false;
@@ -125,7 +135,7 @@ TorchConfig TorchConfig::parse(std::string_view conf) {
     } else {
       throw std::invalid_argument("PyTorch option '" + key +
                                   "' is not modelled by the planner (modelled: expandable_segments, "
-                                  "max_split_size_mb, roundup_power2_divisions)");
+                                  "max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions)");
     }
   }
   return config;
@@ -298,7 +308,7 @@ bool TorchModel::get_free_block(Params& p) {
     }
   }
   if (p.size < config_.max_split_size && (*it)->size >= config_.max_split_size) return false;
-  if (p.size >= config_.max_split_size && (*it)->size >= p.size + kLargeBuffer) return false;
+  if (p.size >= config_.max_split_size && (*it)->size >= p.size + config_.max_non_split_rounding) return false;
   p.block = *it;
   pool.blocks.erase(it);
   return true;

@@ -33,6 +33,7 @@ TEST(TorchModel, RoundsToPowerOfTwoDivisions) {
   EXPECT_EQ(torch_round_size(MiB + 1, per), MiB + 512);       // below 2 MiB: off (1)
   EXPECT_EQ(torch_round_size(8 * MiB + 1, per), 9 * MiB);     // above: 8 divisions
   EXPECT_THROW(TorchConfig::parse("roundup_power2_divisions:3"), std::invalid_argument);
+  EXPECT_THROW(TorchConfig::parse("roundup_power2_divisions:[3:1]"), std::invalid_argument);
   EXPECT_THROW(TorchConfig::parse("garbage_collection_threshold:0.5"), std::invalid_argument);
   EXPECT_THROW(TorchConfig::parse("expandable_segments:maybe"), std::invalid_argument);
 }
@@ -96,6 +97,12 @@ TEST(TorchModel, MaxSplitSizeKeepsOversizeBlocksWhole) {
   ASSERT_TRUE(m.malloc(3, 42 * MiB, 0));
   ASSERT_TRUE(m.malloc(4, 42 * MiB, 0));  // the 30 MiB block is too small, 50 taken: new segment
   EXPECT_EQ(m.reserved(), 122 * MiB);
+  TorchModel wider(TorchConfig::parse("max_split_size_mb:40,max_non_split_rounding_mb:64"));
+  ASSERT_TRUE(wider.malloc(0, 100 * MiB, 0));
+  wider.free(0);
+  ASSERT_TRUE(wider.malloc(1, 45 * MiB, 0));  // 55 MiB larger: within 64 MiB
+  EXPECT_EQ(wider.reserved(), 100 * MiB);
+  EXPECT_THROW(TorchConfig::parse("max_non_split_rounding_mb:10"), std::invalid_argument);
   TorchModel unlimited(TorchConfig{});
   ASSERT_TRUE(unlimited.malloc(0, 50 * MiB, 0));
   unlimited.free(0);

@@ -149,3 +149,40 @@ def test_bad_setting_names_the_key(small_snapshot):
     result = plan_cli(small_snapshot, "--torch-conf", "garbage_collection_threshold:0.5")
     assert result.returncode == 1
     assert "garbage_collection_threshold" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+# ---- the C++ front end on the same engine ----
+
+def _plan_tool():
+    import os
+
+    for entry in os.environ.get("STREAMALLOC_LIBRARY_DIR", "").split(os.pathsep):
+        if entry:
+            candidate = Path(entry).parent / "planner" / "streamalloc_plan"
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def test_cpp_tool_agrees_with_the_python_command(small_snapshot, tmp_path):
+    tool = _plan_tool()
+    if tool is None:
+        pytest.skip("streamalloc_plan was not built beside the library directory (target streamalloc_plan)")
+    import subprocess
+
+    events = tmp_path / "small.events"
+    python_report = json.loads(plan_cli(small_snapshot, "--json", "--write-events", events).stdout)
+    result = subprocess.run([str(tool), str(events), "--json"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    cpp_report = json.loads(result.stdout)
+    # The PyTorch model is deterministic (streamalloc's replay follows its clock-paced fence polls).
+    def torch_peaks(report):
+        return [s["peak_reserved"] for s in report["settings"] if s["allocator"] == "pytorch"]
+
+    assert torch_peaks(cpp_report) == torch_peaks(python_report)
+    not_events = tmp_path / "not.events"
+    not_events.write_text("hello\n")
+    bad_run = subprocess.run([str(tool), str(not_events)], capture_output=True, text=True, timeout=60)
+    assert bad_run.returncode == 1
+    assert bad_run.stderr.strip().splitlines() == [
+        "streamalloc_plan: events:1: not a planner event list (the first line must start with '#streamalloc-plan v1')"]

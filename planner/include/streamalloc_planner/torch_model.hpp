@@ -9,7 +9,7 @@
 //    else rounded up to 2 MiB);
 //  - best fit per size class by (stream, size, address): a block is reused only by its allocation
 //    stream; max_split_size_mb: blocks at or above it are never split, serve no smaller request, and
-//    serve a request at or above it only when less than 20 MiB larger;
+//    serve a request at or above it only when less than max_non_split_rounding_mb (20) larger;
 //  - splitting: small class when at least 512 B remain, large class when more than 1 MiB remains
 //    (and the request is below max_split_size); expandable segments split whenever 512 B remain;
 //  - merging of free neighbours at free;
@@ -38,6 +38,8 @@ namespace streamalloc::planner {
 struct TorchConfig {
   static constexpr std::size_t kUnlimited = std::numeric_limits<std::size_t>::max();
   std::size_t max_split_size = kUnlimited;  // bytes
+  // A block at or above max_split_size serves a request at or above it when at most this much larger.
+  std::size_t max_non_split_rounding = std::size_t{20} << 20;
   // Divisions per power-of-two interval from 1 MiB upwards (index 0: sizes below 2 MiB), 0 = off.
   std::array<std::size_t, 16> roundup_power2_divisions{};
   bool expandable_segments = false;
