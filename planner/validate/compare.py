@@ -70,7 +70,8 @@ def compare_snapshot(record, by_key, data_dir):
         "segment_sequence_match_pct": sequence_match(recorded_seq, model_seq),
     }
     base = workload.replace("_expandable", "")
-    for setting, allocator in ((report["settings"][1], "streamalloc"), (report["settings"][2], "streamalloc_expandable")):
+    pairs = ((report["settings"][1], "streamalloc"), (report["settings"][2], "streamalloc_expandable"))
+    for setting, allocator in pairs:
         real = by_key.get((base, allocator))
         row[f"{allocator}_plan_peak_reserved"] = setting["peak_reserved"]
         if real and "max_memory_reserved" in real:
