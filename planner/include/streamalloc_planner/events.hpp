@@ -1,0 +1,47 @@
+// The event list the planner replays: allocations, frees and stream uses, in trace order.
+//
+//   #streamalloc-plan v1 key=value ...   (the first line; "#streamalloc-trace v1" traces are read too)
+//   a <id> <size> <stream>    allocate <size> requested bytes on <stream>
+//   r <id> <stream>           record_stream: <stream> uses block <id>
+//   f <id>                    free block <id> (requested on its allocation stream)
+//   c <id>                    the events recorded for block <id>'s stream uses have completed
+//
+// With the header key completions=1 a block freed with stream uses stays pending until its `c` line
+// (the position where PyTorch logged free_completed); without it, it completes at the next
+// allocation (PyTorch processes completed events at every malloc). Other '#' lines and blank lines
+// are ignored. Ids may be reused once freed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace streamalloc::planner {
+
+struct Event {
+  enum class Kind : std::uint8_t { kAlloc, kFree, kRecordStream, kComplete };
+  Kind kind = Kind::kAlloc;
+  std::uint32_t slot = 0;    // dense block index
+  std::uint32_t stream = 0;  // dense stream index (kRecordStream: the using stream)
+  std::size_t size = 0;      // kAlloc: requested bytes
+};
+
+struct EventList {
+  std::map<std::string, std::string> header;
+  std::vector<Event> events;
+  std::size_t slots = 0;    // dense block indices in use
+  std::size_t streams = 0;  // dense stream indices in use
+  std::size_t allocs = 0;
+  bool explicit_completions = false;  // header completions=1
+};
+
+// Parse the text above. Throws std::runtime_error("events:LINE: what is wrong") for a missing header,
+// an unknown op, a bad number, an alloc of a live id, a free/record/complete of an unknown id.
+EventList parse_events(std::string_view text);
+// `source` is a path, or the text itself when it starts with '#'.
+EventList load_events(const std::string& source);
+
+}  // namespace streamalloc::planner

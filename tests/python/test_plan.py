@@ -1,0 +1,188 @@
+"""`python -m streamalloc.plan`: the planner's command line on CPU, on generated and recorded snapshots,
+and its answers to bad input (one line on stderr, a non-zero exit)."""
+
+import gzip
+import json
+import pickle
+import sys
+from pathlib import Path
+
+import pytest
+
+from support import run_python
+from streamalloc import plan
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "planner" / "tools"))
+from make_snapshot import make_snapshot  # noqa: E402
+
+DATA = REPO / "planner" / "validate" / "data"
+
+pytestmark = pytest.mark.skipif(
+    plan.find_planner_library() is None,
+    reason="libstreamalloc_planner.so not found: build the repository (target streamalloc_planner) and set "
+           "STREAMALLOC_LIBRARY_DIR")
+
+
+@pytest.fixture(scope="module")
+def small_snapshot(tmp_path_factory):
+    path = tmp_path_factory.mktemp("plan") / "small.pickle"
+    path.write_bytes(pickle.dumps(make_snapshot(events=3000, seed=1)))
+    return path
+
+
+def plan_cli(*args):
+    return run_python(["-m", "streamalloc.plan", *map(str, args)], timeout=120)
+
+
+def test_table_has_every_setting_and_a_recommendation(small_snapshot):
+    result = plan_cli(small_snapshot, "--torch-conf", "max_split_size_mb:64", "--conf", "cross_stream_reuse:never")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    names = ["pytorch ", "pytorch expandable", "pytorch max_split_size_mb:64", "streamalloc ",
+             "streamalloc expandable", "streamalloc cross_stream_reuse:never"]
+    for name in names:
+        assert any(line.startswith(name) for line in lines), (name, result.stdout)
+    assert lines[-1].startswith("recommendation: use ")
+
+
+def test_json_report_and_cap_failure_point(small_snapshot):
+    result = plan_cli(small_snapshot, "--json", "--cap", "0.05")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["cap_bytes"] == int(0.05 * (1 << 30))
+    snapshot = pickle.loads(small_snapshot.read_bytes())
+    entries = snapshot["device_traces"][0]
+    for setting in report["settings"]:
+        assert setting["peak_reserved"] >= setting["peak_allocated"] > 0
+        assert setting["fits"] is False  # the trace needs hundreds of MiB
+        failure = setting["first_failure"]
+        assert entries[failure["trace_entry"]]["action"] == "alloc"
+        assert failure["frame"].startswith("train.py:")
+    assert report["recommendation"].startswith("no setting fits")
+    roomy = json.loads(plan_cli(small_snapshot, "--json", "--cap", "64").stdout)
+    assert all(s["fits"] and s["first_failure"] is None for s in roomy["settings"])
+
+
+def test_write_events_feeds_the_same_engine(small_snapshot, tmp_path):
+    events = tmp_path / "small.events"
+    result = plan_cli(small_snapshot, "--write-events", events)
+    assert result.returncode == 0, result.stderr
+    assert events.read_text().startswith("#streamalloc-plan v1 completions=1")
+
+
+def test_plot(small_snapshot, tmp_path):
+    pytest.importorskip("matplotlib", reason="--plot needs matplotlib")
+    png = tmp_path / "plan.png"
+    result = plan_cli(small_snapshot, "--plot", png)
+    assert result.returncode == 0, result.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("workload", ["gpt2", "pipeline", "gpt2_expandable"])
+def test_model_reproduces_recorded_snapshots(workload):
+    records = {(r["workload"], r["allocator"]): r for r in json.loads((DATA / "recorded.json").read_text())}
+    record = records[(workload, "pytorch")]
+    snapshot = plan.load_snapshot(DATA / record["snapshot"])
+    conf = "expandable_segments:True" if workload.endswith("_expandable") else ""
+    report, conversion = plan.plan_snapshot(
+        snapshot, segment_events=True, settings=[{"name": "model", "allocator": "pytorch", "conf": conf}])
+    model = report["settings"][0]
+    assert abs(model["peak_reserved"] - record["max_memory_reserved"]) <= 0.02 * record["max_memory_reserved"]
+    recorded = [(e, a, s) for e, a, s, _ in conversion.segments]
+    modelled = [(e, a, s) for e, a, s, _ in model["segment_events"]]
+    same = sum(1 for x, y in zip(recorded, modelled) if x == y)
+    assert same >= 0.95 * max(len(recorded), len(modelled))
+
+
+# ---- bad input: one clear line on stderr, exit 1 ----
+
+def bad(path):
+    result = plan_cli(path)
+    assert result.returncode == 1, result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("streamalloc.plan: ")
+    return lines[0]
+
+
+def test_not_a_snapshot(tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_text("hello, not a pickle\n")
+    assert "is not a memory snapshot" in bad(text)
+    listing = tmp_path / "list.pickle"
+    listing.write_bytes(pickle.dumps([1, 2, 3]))
+    assert "not a PyTorch memory snapshot" in bad(listing)
+    assert "cannot read" in bad(tmp_path / "missing.pickle")
+    empty = tmp_path / "empty.pickle"
+    empty.write_bytes(b"")
+    assert "is empty" in bad(empty)
+
+
+def test_snapshot_without_trace_entries(tmp_path):
+    path = tmp_path / "no_trace.pickle"
+    path.write_bytes(pickle.dumps({"segments": [{"address": 0, "total_size": 2 << 20}], "device_traces": [[]]}))
+    assert "no trace entries" in bad(path)
+    frees_only = tmp_path / "frees_only.pickle"
+    frees_only.write_bytes(pickle.dumps({"segments": [], "device_traces": [[
+        {"action": "free_requested", "addr": 1, "size": 512, "stream": 0}]]}))
+    assert "no allocations" in bad(frees_only)
+
+
+def test_truncated_file(small_snapshot, tmp_path):
+    data = small_snapshot.read_bytes()
+    cut = tmp_path / "cut.pickle"
+    cut.write_bytes(data[: len(data) // 2])
+    assert "truncated" in bad(cut)
+    cut_gz = tmp_path / "cut.pickle.gz"
+    cut_gz.write_bytes(gzip.compress(data)[:2000])
+    assert "truncated" in bad(cut_gz)
+
+
+def test_pickle_with_classes_is_refused(tmp_path):
+    path = tmp_path / "classes.pickle"
+    path.write_bytes(pickle.dumps({"device_traces": [[]], "when": Path("/")}))
+    assert "refers to the Python class" in bad(path)
+
+
+def test_bad_setting_names_the_key(small_snapshot):
+    result = plan_cli(small_snapshot, "--torch-conf", "garbage_collection_threshold:0.5")
+    assert result.returncode == 1
+    assert "garbage_collection_threshold" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+# ---- the C++ front end on the same engine ----
+
+def _plan_tool():
+    import os
+
+    for entry in os.environ.get("STREAMALLOC_LIBRARY_DIR", "").split(os.pathsep):
+        if entry:
+            candidate = Path(entry).parent / "planner" / "streamalloc_plan"
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def test_cpp_tool_agrees_with_the_python_command(small_snapshot, tmp_path):
+    tool = _plan_tool()
+    if tool is None:
+        pytest.skip("streamalloc_plan was not built beside the library directory (target streamalloc_plan)")
+    import subprocess
+
+    events = tmp_path / "small.events"
+    python_report = json.loads(plan_cli(small_snapshot, "--json", "--write-events", events).stdout)
+    result = subprocess.run([str(tool), str(events), "--json"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    cpp_report = json.loads(result.stdout)
+    # The PyTorch model is deterministic (streamalloc's replay follows its clock-paced fence polls).
+    def torch_peaks(report):
+        return [s["peak_reserved"] for s in report["settings"] if s["allocator"] == "pytorch"]
+
+    assert torch_peaks(cpp_report) == torch_peaks(python_report)
+    not_events = tmp_path / "not.events"
+    not_events.write_text("hello\n")
+    bad_run = subprocess.run([str(tool), str(not_events)], capture_output=True, text=True, timeout=60)
+    assert bad_run.returncode == 1
+    assert bad_run.stderr.strip().splitlines() == [
+        "streamalloc_plan: events:1: not a planner event list (the first line must start with '#streamalloc-plan v1')"]
