@@ -28,6 +28,7 @@
 #include "streamalloc/allocator.hpp"
 #include "streamalloc/options.hpp"
 #include "torch_history.hpp"
+#include "torch_ipc.hpp"
 
 namespace streamalloc::torch {
 
@@ -85,8 +86,9 @@ class TorchAllocator final : public ::torch::cuda::CUDAPluggableAllocator::CUDAP
                            std::function<bool(cudaStream_t)> filter) override;
   void endAllocateToPool(c10::DeviceIndex device, MempoolId mempool_id) override;
   void releasePool(c10::DeviceIndex device, MempoolId mempool_id) override;
-  // `allocator` is what torch.cuda.MemPool(allocator=...) was given: streamalloc serves a pool only
-  // from its own segments, so any allocator but this one is refused.
+  // `allocator` is what torch.cuda.MemPool(allocator=...) was given: the pool's segments then come from
+  // its raw_alloc and go back through its raw_delete (the core's SegmentAllocator); its blocks are the
+  // pool's alone, as every private pool's.
   void createOrIncrefPool(c10::DeviceIndex device, MempoolId mempool_id,
                           std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> allocator = nullptr) override;
   int getPoolUseCount(c10::DeviceIndex device, MempoolId mempool_id) override;
@@ -100,6 +102,18 @@ class TorchAllocator final : public ::torch::cuda::CUDAPluggableAllocator::CUDAP
                                                                                        MempoolId id) override;
   c10::cuda::CUDACachingAllocator::CheckpointDelta setCheckpointPoolState(
       c10::DeviceIndex device, std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> state) override;
+
+  // ---- CUDA IPC (torch.multiprocessing), in PyTorch's handle format (torch_ipc.hpp) ----
+  // The producer: a 'c' handle of the block's segment and the block's offset in it. A fixed segment is
+  // one cudaMalloc, which cudaIpcGetMemHandle shares whole. It stays reserved while a consumer may use
+  // it because the shared block does: PyTorch keeps the block allocated (CudaIPCSentData) until every
+  // consumer dropped it, and the core never gives back a segment holding a live block. Memory in
+  // streamalloc's expandable segments is refused (its pieces vary in size; PyTorch's 'e' format
+  // describes equal pieces).
+  c10::cuda::CUDACachingAllocator::ShareableHandle shareIpcHandle(void* ptr) override;
+  // The consumer: opens a 'c' handle (PyTorch's or streamalloc's producer) or an 'e' handle (PyTorch's
+  // expandable segments), once per process, closed when the last storage on it dies.
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override { return ipc_imports_.open(handle); }
 
   std::string name() override { return "streamalloc"; }
 
@@ -125,6 +139,7 @@ class TorchAllocator final : public ::torch::cuda::CUDAPluggableAllocator::CUDAP
   std::mutex observers_mutex_;
   std::vector<c10::cuda::CUDACachingAllocator::OutOfMemoryObserver> oom_observers_;
   TorchHistory history_;  // torch.cuda.memory._record_memory_history's settings
+  IpcImports ipc_imports_;
 };
 
 }  // namespace streamalloc::torch

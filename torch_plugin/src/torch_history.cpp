@@ -1,5 +1,6 @@
 #include "torch_history.hpp"
 
+#include <chrono>
 #include <cstdio>
 #include <utility>
 
@@ -57,9 +58,32 @@ bool TorchHistory::trace_stacks() const {
   return trace_stacks_;
 }
 
+namespace {
+
+std::int64_t unix_now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+constexpr std::size_t kMaxMetadataChanges = 4096;
+
+}  // namespace
+
 void TorchHistory::set_user_metadata(const std::string& metadata) {
   std::lock_guard<std::mutex> lock(mutex_);
   user_metadata_ = metadata;
+  metadata_changes_.emplace_back(unix_now_us(), metadata);
+  if (metadata_changes_.size() > kMaxMetadataChanges) metadata_changes_.pop_front();
+}
+
+std::string TorchHistory::user_metadata_at(std::int64_t time_us) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // The last change at or before `time_us`; before the first one kept, nothing was set (or the
+  // change is too old to matter).
+  for (auto it = metadata_changes_.rbegin(); it != metadata_changes_.rend(); ++it) {
+    if (it->first <= time_us) return it->second;
+  }
+  return {};
 }
 
 std::string TorchHistory::user_metadata() const {
@@ -131,16 +155,21 @@ c10::CachingDeviceAllocator::TraceEntry::Action to_torch_action(TraceAction acti
 
 }  // namespace
 
-std::vector<c10::CachingDeviceAllocator::TraceEntry> to_torch_trace(const std::vector<TraceEntry>& entries,
-                                                                    bool with_stacks) {
+std::vector<c10::CachingDeviceAllocator::TraceEntry> to_torch_trace(
+    const std::vector<TraceEntry>& entries, bool with_stacks,
+    const std::function<std::string(std::int64_t)>& metadata_at) {
   std::vector<c10::CachingDeviceAllocator::TraceEntry> out;
   out.reserve(entries.size());
   for (const TraceEntry& e : entries) {
     if (e.action == TraceAction::kRecordStream) continue;
     const auto* context = dynamic_cast<const TorchTraceContext*>(e.context.get());
-    std::string metadata = context != nullptr && !e.context_from_allocation ? context->user_metadata : std::string();
-    const std::string facts = stream_facts(e);
-    if (!facts.empty()) metadata = metadata.empty() ? facts : metadata + "; " + facts;
+    std::string metadata;
+    if (context != nullptr && !e.context_from_allocation) {
+      metadata = context->user_metadata;  // gathered by the call that recorded the entry
+    } else if (metadata_at) {
+      metadata = metadata_at(e.time_us);
+    }
+    if (metadata.empty()) metadata = stream_facts(e);
     c10::CachingDeviceAllocator::TraceEntry entry(
         to_torch_action(e.action), static_cast<c10::DeviceIndex>(e.device), e.address, e.size,
         reinterpret_cast<void*>(e.stream),
