@@ -105,7 +105,13 @@ def test_deleting_the_pool_frees_through_the_allocator(allocator, library):
 
 @pytest.mark.parametrize("allocator", ALLOCATORS)
 def test_nccl_mem_allocator_one_rank(allocator, library):
+    # PyTorch's allocator is the contract: where NCCL's registered memory does not work under it on this
+    # machine (NCCL's cuMem allocation refused, say), there is nothing to compare.
+    contract = probe("native", library).result()["behaviours"]["nccl_mem_allocator"]
+    if "skipped" in contract:
+        pytest.skip(contract["skipped"])
+    if "error" in contract:
+        pytest.skip("NCCL's mem_allocator fails under PyTorch's allocator too on this machine: "
+                    + contract["error"].strip().splitlines()[-1])
     f = probe(allocator, library).facts("nccl_mem_allocator")
-    if "skipped" in f:
-        pytest.skip(f["skipped"])
     assert f == {"in_pool": True, "all_reduce_values": True}, f

@@ -201,6 +201,51 @@ TEST_F(TorchHistoryTest, MaxEntriesClearAndSkipActions) {
   EXPECT_EQ(t[0].action_, TraceEntry::ALLOC);
 }
 
+// PyTorch's upstream test_memory_compile_regions: entries made inside a torch.compile region name it,
+// the others say "N/A"; regions are kept only while the history is on.
+TEST_F(TorchHistoryTest, EntriesNameTheTorchCompileRegionTheyWereMadeIn) {
+  TorchHistory history;
+  history.push_compile_context("ignored: the history is off");
+  history.configure(core(), true, nullptr, 100, RecordContext::NEVER, false, {});
+  EXPECT_EQ(history.context_for(RecordContext::STATE), nullptr) << "no region, no metadata: nothing to gather";
+  history.push_compile_context("Torch-Compiled Region: 0/0");
+  history.push_compile_context("Torch-Compiled Region: 1/0");
+  const auto inner = history.context_for(RecordContext::STATE);
+  ASSERT_NE(inner, nullptr);
+  EXPECT_EQ(inner->compile_context, "Torch-Compiled Region: 1/0");
+  history.pop_compile_context();
+  const auto outer = history.context_for(RecordContext::STATE);
+  ASSERT_NE(outer, nullptr);
+  EXPECT_EQ(outer->compile_context, "Torch-Compiled Region: 0/0");
+  history.pop_compile_context();
+  history.pop_compile_context();  // one pop too many changes nothing
+  EXPECT_EQ(history.context_for(RecordContext::STATE), nullptr);
+
+  streamalloc::TraceEntry made_inside;
+  made_inside.context = outer;
+  streamalloc::TraceEntry made_outside;
+  const auto t = to_torch_trace({made_inside, made_outside}, false);
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(t[0].compile_context_, "Torch-Compiled Region: 0/0");
+  EXPECT_EQ(t[1].compile_context_, "N/A");
+}
+
+// PyTorch's upstream test_cpp_memory_snapshot_pickle: an allocation's (and a free's) entry has the size the
+// caller asked for; segment entries have the segment's.
+TEST_F(TorchHistoryTest, BlockEntriesHaveTheRequestedSize) {
+  record(RecordContext::NEVER);
+  core().deallocate(core().allocate(311 * 411 * 4, 0, producer_));
+  bool saw_alloc = false;
+  for (const TraceEntry& e : trace()) {
+    if (e.action_ == TraceEntry::ALLOC || e.action_ == TraceEntry::FREE_REQUESTED) {
+      EXPECT_EQ(e.size_, 311u * 411u * 4u) << "action " << static_cast<int>(e.action_);
+      saw_alloc = saw_alloc || e.action_ == TraceEntry::ALLOC;
+    }
+    if (e.action_ == TraceEntry::SEGMENT_ALLOC) EXPECT_GT(e.size_, 311u * 411u * 4u);
+  }
+  EXPECT_TRUE(saw_alloc);
+}
+
 TEST_F(TorchHistoryTest, UserMetadataRoundTrips) {
   EXPECT_EQ(a().getUserMetadata(), "");
   a().setUserMetadata("step 3");
@@ -225,7 +270,7 @@ TEST_F(TorchHistoryTest, EveryEntryCarriesTheMetadataInEffectWhenItWasRecorded) 
   a().setUserMetadata("");
   bool completed = false;
   for (const TraceEntry& e : trace()) {
-    if (e.action_ == TraceEntry::ALLOC) {
+    if (e.action_ == TraceEntry::ALLOC || e.action_ == TraceEntry::SEGMENT_ALLOC) {
       EXPECT_EQ(e.user_metadata_, "") << "allocated before the metadata was set";
       continue;
     }

@@ -140,8 +140,23 @@ void TorchAllocator::report_to_profiler(streamalloc::Allocator& core, void* ptr,
                                    c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
 }
 
+void* TorchAllocator::uncached_alloc(size_t size, c10::DeviceIndex device) {
+  c10::cuda::CUDAGuard guard(device);
+  void* ptr = nullptr;
+  if (size != 0) C10_CUDA_CHECK(cudaMalloc(&ptr, size));
+  return ptr;
+}
+
+void TorchAllocator::uncached_delete(void* ptr) {
+  if (ptr != nullptr) C10_CUDA_CHECK_WARN(cudaFree(ptr));
+}
+
 c10::DataPtr TorchAllocator::allocate(size_t size) {
   const c10::DeviceIndex device = current_device();
+  if (!isEnabled()) {
+    void* ptr = uncached_alloc(size, device);
+    return {ptr, ptr, &uncached_delete, c10::Device(c10::DeviceType::CUDA, device)};
+  }
   void* ptr = allocate_on(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
   return {ptr, ptr, &delete_block, c10::Device(c10::DeviceType::CUDA, device)};
 }
@@ -150,15 +165,29 @@ c10::DeleterFnPtr TorchAllocator::raw_deleter() const { return &delete_block; }
 
 void* TorchAllocator::raw_alloc(size_t nbytes) {
   const c10::DeviceIndex device = current_device();
-  return allocate_on(nbytes, device, c10::cuda::getCurrentCUDAStream(device).stream());
+  return raw_alloc_with_stream(nbytes, c10::cuda::getCurrentCUDAStream(device).stream());
 }
 
 void* TorchAllocator::raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) {
-  return allocate_on(nbytes, current_device(), stream);
+  const c10::DeviceIndex device = current_device();
+  if (!isEnabled()) {
+    void* ptr = uncached_alloc(nbytes, device);
+    std::lock_guard<std::mutex> lock(uncached_mutex_);
+    uncached_.insert(ptr);
+    return ptr;
+  }
+  return allocate_on(nbytes, device, stream);
 }
 
 void TorchAllocator::raw_delete(void* ptr) {
   if (ptr == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(uncached_mutex_);
+    if (uncached_.erase(ptr) != 0) {
+      C10_CUDA_CHECK(cudaFree(ptr));
+      return;
+    }
+  }
   streamalloc::Allocator* core = this->core();
   TORCH_CHECK(core != nullptr, "streamalloc: raw_delete of a pointer streamalloc never handed out");
   torch_errors([&] { free_block(*core, ptr); });

@@ -52,6 +52,11 @@ class TorchAllocator final : public ::torch::cuda::CUDAPluggableAllocator::CUDAP
   void raw_delete(void* ptr) override;
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override;
 
+  // ---- torch.cuda.caching_allocator_enable(False): as PyTorch's allocator, memory then comes straight
+  // from cudaMalloc and goes straight back to cudaFree, uncached and outside streamalloc's numbers ----
+  void enable(bool value) override { caching_.store(value, std::memory_order_relaxed); }
+  bool isEnabled() const override { return caching_.load(std::memory_order_relaxed); }
+
   // ---- life cycle and policy ----
   void init(int device_count) override;
   // {0, 0}: every cached segment that is free (Allocator::empty_cache()); a private pool's id: that
@@ -75,6 +80,9 @@ class TorchAllocator final : public ::torch::cuda::CUDAPluggableAllocator::CUDAP
                      bool clear_history, const std::vector<std::string>& skip_actions) override;
   bool isHistoryEnabled() override { return history_.enabled(); }
   void setUserMetadata(const std::string& metadata) override { history_.set_user_metadata(metadata); }
+  // torch.compile's regions ("Torch-Compiled Region: 0/0"), named in the trace entries made inside them.
+  void pushCompileContext(std::string& md) override { history_.push_compile_context(md); }
+  void popCompileContext() override { history_.pop_compile_context(); }
   std::string getUserMetadata() override { return history_.user_metadata(); }
   void attachOutOfMemoryObserver(c10::cuda::CUDACachingAllocator::OutOfMemoryObserver observer) override;
   void attachAllocatorTraceTracker(c10::cuda::CUDACachingAllocator::AllocatorTraceTracker tracker) override;
@@ -125,6 +133,8 @@ class TorchAllocator final : public ::torch::cuda::CUDAPluggableAllocator::CUDAP
   void* allocate_on(size_t size, c10::DeviceIndex device, cudaStream_t stream);
   [[noreturn]] void throw_out_of_memory(const Error& error, size_t size, c10::DeviceIndex device);
   static void delete_block(void* ptr);
+  static void uncached_delete(void* ptr);
+  void* uncached_alloc(size_t size, c10::DeviceIndex device);
   // A free with the history's context set and the profiler told; throws what the core throws.
   // `size`, `device`, `stream`: 0, -1, nullptr where the caller does not know them (the DataPtr deleter).
   void free_block(streamalloc::Allocator& core, void* ptr, size_t size = 0, int device = -1,
@@ -140,6 +150,9 @@ class TorchAllocator final : public ::torch::cuda::CUDAPluggableAllocator::CUDAP
   std::vector<c10::cuda::CUDACachingAllocator::OutOfMemoryObserver> oom_observers_;
   TorchHistory history_;  // torch.cuda.memory._record_memory_history's settings
   IpcImports ipc_imports_;
+  std::atomic<bool> caching_{true};
+  std::mutex uncached_mutex_;
+  std::unordered_set<void*> uncached_;  // raw_alloc's pointers while caching was off
 };
 
 }  // namespace streamalloc::torch

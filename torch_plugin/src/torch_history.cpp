@@ -41,16 +41,30 @@ void TorchHistory::configure(streamalloc::Allocator& core, bool enabled,
 std::shared_ptr<const TorchTraceContext> TorchHistory::gather(RecordContext level) {
   c10::cuda::CUDACachingAllocator::CreateContextFn recorder = nullptr;
   std::string metadata;
+  std::string compile_context;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (when_ >= level) recorder = recorder_;
     metadata = user_metadata_;
+    if (!compile_contexts_.empty()) compile_context = compile_contexts_.back();
   }
-  if (recorder == nullptr && metadata.empty()) return nullptr;
+  if (recorder == nullptr && metadata.empty() && compile_context.empty()) return nullptr;
   auto context = std::make_shared<TorchTraceContext>();
   if (recorder != nullptr) context->stack = recorder();
   context->user_metadata = std::move(metadata);
+  context->compile_context = std::move(compile_context);
   return context;
+}
+
+void TorchHistory::push_compile_context(const std::string& name) {
+  if (!enabled()) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  compile_contexts_.push_back(name);
+}
+
+void TorchHistory::pop_compile_context() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!compile_contexts_.empty()) compile_contexts_.pop_back();
 }
 
 bool TorchHistory::trace_stacks() const {
@@ -170,11 +184,20 @@ std::vector<c10::CachingDeviceAllocator::TraceEntry> to_torch_trace(
       metadata = metadata_at(e.time_us);
     }
     if (metadata.empty()) metadata = stream_facts(e);
+    // As PyTorch's trace: "N/A" outside any torch.compile region.
+    std::string compile_context = context != nullptr && !e.context_from_allocation && !context->compile_context.empty()
+                                      ? context->compile_context
+                                      : std::string("N/A");
+    // An allocation's or a free's size is what the caller asked for, as in PyTorch's trace; the block's
+    // size where the core no longer knows it.
+    const bool block_entry = e.action == TraceAction::kAlloc || e.action == TraceAction::kFreeRequested ||
+                             e.action == TraceAction::kFreeCompleted;
+    const std::size_t size = block_entry && e.requested != 0 ? e.requested : e.size;
     c10::CachingDeviceAllocator::TraceEntry entry(
-        to_torch_action(e.action), static_cast<c10::DeviceIndex>(e.device), e.address, e.size,
+        to_torch_action(e.action), static_cast<c10::DeviceIndex>(e.device), e.address, size,
         reinterpret_cast<void*>(e.stream),
         {static_cast<c10::CaptureId_t>(e.pool.first), static_cast<c10::CaptureId_t>(e.pool.second)}, 0,
-        context != nullptr && with_stacks ? context->stack : nullptr, "", std::move(metadata));
+        context != nullptr && with_stacks ? context->stack : nullptr, std::move(compile_context), std::move(metadata));
     // _snapshot() reads time_.t_ as microseconds since the epoch (PyTorch converts its approximate
     // clock before handing entries out; the core's clock already is that).
     entry.time_.t_ = static_cast<time_t>(e.time_us);

@@ -27,6 +27,7 @@ using RecordContext = c10::cuda::CUDACachingAllocator::RecordContext;
 struct TorchTraceContext final : TraceContext {
   std::shared_ptr<c10::GatheredContext> stack;
   std::string user_metadata;
+  std::string compile_context;  // the innermost torch.compile region open at the call, or ""
 };
 
 // PyTorch's side of the history settings: whether and what to gather, and the user's metadata.
@@ -54,6 +55,9 @@ class TorchHistory {
   // The user's metadata in effect at `time_us` (microseconds since the epoch, the trace's clock): what
   // PyTorch's allocator puts in an entry recorded then, whoever's call recorded it.
   std::string user_metadata_at(std::int64_t time_us) const;
+  // torch.compile's regions, innermost last; as PyTorch's allocator, kept only while the history is on.
+  void push_compile_context(const std::string& name);
+  void pop_compile_context();
 
  private:
   std::shared_ptr<const TorchTraceContext> gather(RecordContext level);
@@ -64,6 +68,7 @@ class TorchHistory {
   bool trace_stacks_ = false;
   c10::cuda::CUDACachingAllocator::CreateContextFn recorder_ = nullptr;
   std::string user_metadata_;
+  std::vector<std::string> compile_contexts_;
   // Each change of the user's metadata and when it happened, oldest first, bounded (the oldest
   // changes only matter to entries older than any ring keeps in practice).
   std::deque<std::pair<std::int64_t, std::string>> metadata_changes_;

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import sys
 import time
 import traceback
@@ -22,7 +23,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import behaviour, emit  # noqa: E402
 
-WAIT = 120  # seconds any one message may take
+WAIT = 90  # seconds any one message may take
 
 
 def enable(mode: str, conf: str) -> None:
@@ -44,7 +45,9 @@ def consumer(mode: str, conf: str, inbox, outbox) -> None:
         while True:
             try:
                 message = inbox.get(timeout=WAIT)
-            except Exception:  # noqa: BLE001  (an unpicklable message: the parent hears why)
+            except queue.Empty:
+                break  # the parent is gone or done
+            except Exception:  # noqa: BLE001  (a message that cannot be opened here: the parent hears why)
                 outbox.put(("error", traceback.format_exc()))
                 continue
             kind = message[0]
@@ -67,6 +70,8 @@ def consumer(mode: str, conf: str, inbox, outbox) -> None:
             elif kind == "die":  # hold the tensor and die without letting go of it
                 _, tensor = message
                 outbox.put(("holding", float(tensor[0].item())))
+                outbox.close()
+                outbox.join_thread()  # the queue's feeder thread has sent it: os._exit skips that
                 os._exit(3)
         outbox.put(("done",))
     except BaseException:  # noqa: BLE001
@@ -76,7 +81,8 @@ def consumer(mode: str, conf: str, inbox, outbox) -> None:
 class Child:
     def __init__(self, ctx, mode: str, conf: str):
         self.inbox, self.outbox = ctx.Queue(), ctx.Queue()
-        self.process = ctx.Process(target=consumer, args=(mode, conf, self.inbox, self.outbox))
+        # A daemon: a consumer left waiting never keeps this process from exiting.
+        self.process = ctx.Process(target=consumer, args=(mode, conf, self.inbox, self.outbox), daemon=True)
         self.process.start()
         self.get()  # ("ready",)
 
@@ -113,8 +119,9 @@ def main() -> None:
     facts = results["behaviours"]
 
     def time_share():
-        """Sharing a tensor's memory (what pickling it for another process does), timed."""
-        tensor = torch.ones(1 << 18, device="cuda")
+        """Sharing a tensor's memory (what pickling it for another process does), timed. 16 MiB: a
+        large block, which expandable segments serve."""
+        tensor = torch.ones(1 << 22, device="cuda")
         start = time.monotonic()
         try:
             torch.multiprocessing.reductions.reduce_tensor(tensor)
