@@ -48,6 +48,7 @@ struct DriverCalls {
   PFN_cuMemUnmap_v10020 unmap = nullptr;
   PFN_cuMemSetAccess_v10020 set_access = nullptr;
   PFN_cuMemRelease_v10020 release = nullptr;
+  PFN_cuMemGetAddressRange_v3020 address_range = nullptr;
   bool complete = false;
 };
 
@@ -77,6 +78,7 @@ const DriverCalls& driver() {
     find("cuMemUnmap", d.unmap);
     find("cuMemSetAccess", d.set_access);
     find("cuMemRelease", d.release);
+    find("cuMemGetAddressRange", d.address_range);
     d.complete = d.import_handle && d.address_reserve && d.address_free && d.map && d.unmap && d.set_access &&
                  d.release;
     return d;
@@ -177,8 +179,21 @@ std::shared_ptr<ImportedPieces> import_expandable(const std::string& handle, int
 }  // namespace
 
 c10::cuda::CUDACachingAllocator::ShareableHandle share_cuda_malloc_segment(void* segment_base, std::ptrdiff_t offset) {
+  // cudaIpcGetMemHandle shares the whole cudaMalloc allocation holding its pointer, and the consumer
+  // opens that allocation's base: the offset must be from there. A segment streamalloc reserved is one
+  // allocation; a segment a MemPool's own allocator handed out may lie inside a larger one.
+  void* base = segment_base;
+  const DriverCalls& d = driver();
+  if (d.address_range != nullptr) {
+    CUdeviceptr allocation = 0;
+    std::size_t bytes = 0;
+    if (d.address_range(&allocation, &bytes, reinterpret_cast<CUdeviceptr>(segment_base)) == CUDA_SUCCESS) {
+      offset += static_cast<const char*>(segment_base) - reinterpret_cast<const char*>(allocation);
+      base = reinterpret_cast<void*>(allocation);
+    }
+  }
   cudaIpcMemHandle_t handle;
-  C10_CUDA_CHECK(cudaIpcGetMemHandle(&handle, segment_base));
+  C10_CUDA_CHECK(cudaIpcGetMemHandle(&handle, base));
   std::string bytes;
   bytes.reserve(2 + kCudaIpcHandleBytes);
   bytes.push_back(kIpcHandleVersion);

@@ -26,8 +26,8 @@ inline constexpr char kIpcHandleVersion = 2;
 inline constexpr char kIpcCudaMalloc = 'c';
 inline constexpr char kIpcExpandable = 'e';
 
-// The 'c' handle of the cudaMalloc allocation at `segment_base` (the current device's), for a block at
-// `offset` inside it.
+// The 'c' handle of the cudaMalloc allocation holding `segment_base` (the current device's), for a block
+// at `offset` from `segment_base`; the handle's offset is from the allocation's base.
 c10::cuda::CUDACachingAllocator::ShareableHandle share_cuda_malloc_segment(void* segment_base, std::ptrdiff_t offset);
 
 // The consumer side: each handle is opened once per process and closed when the last storage built on
