@@ -238,8 +238,7 @@ TEST(History, EntriesAndLiveBlocksCarryTheCallersContext) {
   const LiveContexts live = s.a().live_contexts(0);
   ASSERT_EQ(live.blocks.count(reinterpret_cast<std::uintptr_t>(p)), 1u);
   EXPECT_EQ(name_of(live.blocks.at(reinterpret_cast<std::uintptr_t>(p))), "alloc here");
-  ASSERT_EQ(live.segments.size(), 1u);
-  EXPECT_EQ(name_of(live.segments.begin()->second), "alloc here");
+  EXPECT_TRUE(live.segments.empty()) << "the allocation split the new segment's first block: its context went";
   s.a().record_stream(p, consumer);
   {
     TraceContextScope scope(std::make_shared<NamedContext>("free here"));
@@ -350,3 +349,37 @@ TEST(PendingStats, RequestedBytesStayCountedUntilTheFenceCompletes) {
 }
 
 }  // namespace streamalloc
+
+namespace streamalloc::testing {
+namespace {
+
+// As PyTorch's allocator, which keeps a segment's context on its head block: a segment keeps the
+// context it was allocated under while allocations take it whole, and loses it once one splits its
+// first block.
+TEST(History, ASegmentKeepsItsContextUntilItsFirstBlockIsSplit) {
+  SimSetup s("");
+  const Stream stream = s.sim->create_stream();
+  s.a().record_history(true, 100);
+  void* whole = nullptr;
+  {
+    TraceContextScope scope(std::make_shared<NamedContext>("whole"));
+    whole = s.a().allocate(64 * MiB, 0, stream);
+  }
+  LiveContexts live = s.a().live_contexts(0);
+  ASSERT_EQ(live.segments.size(), 1u);
+  EXPECT_EQ(name_of(live.segments.begin()->second), "whole");
+  s.a().deallocate(whole);
+  EXPECT_EQ(s.a().live_contexts(0).segments.size(), 1u) << "free, the segment still has its context";
+  void* part = nullptr;
+  {
+    TraceContextScope scope(std::make_shared<NamedContext>("part"));
+    part = s.a().allocate(32 * MiB, 0, stream);
+  }
+  ASSERT_EQ(part, whole) << "the allocation reuses the segment's first block";
+  EXPECT_TRUE(s.a().live_contexts(0).segments.empty());
+  s.a().deallocate(part);
+  s.a().validate();
+}
+
+}  // namespace
+}  // namespace streamalloc::testing

@@ -213,6 +213,10 @@ void Allocator::set_pool_use_on_oom(int device, PoolId pool, bool use_on_oom) {
   cache(device).set_pool_use_on_oom(pool, use_on_oom);
 }
 void Allocator::set_pool_no_split(int device, PoolId pool) { cache(device).set_pool_no_split(pool); }
+
+void Allocator::set_pool_segment_allocator(int device, PoolId pool, SegmentAllocator segments) {
+  cache(device).set_pool_segment_allocator(pool, std::move(segments));
+}
 std::vector<PoolInfo> Allocator::pools(int device) const { return cache(device).pools(); }
 PoolCheckpoint Allocator::checkpoint_pool(int device, PoolId pool) const { return cache(device).checkpoint_pool(pool); }
 PoolRestore Allocator::restore_pool(const PoolCheckpoint& checkpoint) {

@@ -113,6 +113,7 @@ class DeviceCache {
   int pool_use_count(PoolId pool) const;
   void set_pool_use_on_oom(PoolId pool, bool use_on_oom);
   void set_pool_no_split(PoolId pool);
+  void set_pool_segment_allocator(PoolId pool, SegmentAllocator segments);
   std::vector<PoolInfo> pools() const;
   PoolCheckpoint checkpoint_pool(PoolId pool) const;
   PoolRestore restore_pool(const PoolCheckpoint& checkpoint);

@@ -121,6 +121,22 @@ void DeviceCache::set_pool_no_split(PoolId pool) {
   private_pool(pool, "set_pool_no_split").no_split = true;
 }
 
+void DeviceCache::set_pool_segment_allocator(PoolId pool, SegmentAllocator segments) {
+  if (!segments.reserve || !segments.release) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "streamalloc: set_pool_segment_allocator needs both a reserve and a release function");
+  }
+  DeviceLock lock(*this);
+  MemoryPool& found = private_pool(pool, "set_pool_segment_allocator");
+  if (found.segments != 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("streamalloc: set_pool_segment_allocator: memory pool {} on device {} already holds "
+                            "{} segment(s) from another source",
+                            name(pool), device_, found.segments));
+  }
+  found.segment_allocator = std::make_shared<const SegmentAllocator>(std::move(segments));
+}
+
 // The last resort of a default-pool allocation: a free block of a pool whose owner allowed it.
 Block* DeviceCache::find_free_in_use_on_oom_pools(PoolKind kind, std::size_t size, Stream stream) {
   for (auto& [id, pool] : private_pools_) {

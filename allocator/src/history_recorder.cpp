@@ -17,7 +17,10 @@ void HistoryRecorder::configure(const HistorySettings& settings) {
     ring_.clear();
     next_ = 0;
   }
-  if (!settings.enabled) live_ = {};  // events while off go unseen, so kept contexts would go stale
+  if (!settings.enabled) {  // events while off go unseen, so kept contexts would go stale
+    live_ = {};
+    segment_bytes_.clear();
+  }
   if (max_entries != max_entries_) {
     // Keep the newest entries that fit, oldest first, so the ring restarts at slot 0.
     std::vector<TraceEntry> ordered;
@@ -37,19 +40,31 @@ bool HistoryRecorder::enabled() const {
 
 void HistoryRecorder::keep_live_context(const TraceEntry& entry, const TraceContextPtr& context) {
   switch (entry.action) {
-    case TraceAction::kAlloc:
+    case TraceAction::kAlloc: {
       if (context) live_.blocks[entry.address] = context;
       else live_.blocks.erase(entry.address);
+      const auto segment = segment_bytes_.find(entry.address);
+      if (segment != segment_bytes_.end() && entry.size < segment->second) {
+        live_.segments.erase(entry.address);
+        segment_bytes_.erase(segment);
+      }
       break;
+    }
     case TraceAction::kFreeCompleted:
       live_.blocks.erase(entry.address);
       break;
     case TraceAction::kSegmentAlloc:
-      if (context) live_.segments[entry.address] = context;
-      else live_.segments.erase(entry.address);
+      if (context) {
+        live_.segments[entry.address] = context;
+        segment_bytes_[entry.address] = entry.size;
+      } else {
+        live_.segments.erase(entry.address);
+        segment_bytes_.erase(entry.address);
+      }
       break;
     case TraceAction::kSegmentFree:
       live_.segments.erase(entry.address);
+      segment_bytes_.erase(entry.address);
       break;
     case TraceAction::kSegmentMap:  // the context of the first map at an address, as PyTorch keeps it
       if (context) live_.segments.emplace(entry.address, context);

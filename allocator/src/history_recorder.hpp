@@ -9,6 +9,7 @@
 #include <array>
 #include <cstddef>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "streamalloc/trace.hpp"
@@ -39,6 +40,9 @@ class HistoryRecorder final : public TraceSink {
   std::vector<TraceEntry> ring_;  // up to max_entries_; next_ is the slot to overwrite once full
   std::size_t next_ = 0;
   LiveContexts live_;
+  // Sizes of the segments in live_.segments: an allocation that splits a segment's first block drops
+  // the segment's context, as PyTorch's allocator loses it when it splits a segment's head block.
+  std::unordered_map<std::uintptr_t, std::size_t> segment_bytes_;
 };
 
 }  // namespace streamalloc

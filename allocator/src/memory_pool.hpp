@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 
 #include "free_lists.hpp"
 #include "streamalloc/options.hpp"
@@ -28,6 +29,8 @@ struct MemoryPool {
   bool use_on_oom = false;  // the default pool may take its free blocks before raising OOM
   bool no_split = false;    // blocks are handed out whole
   std::size_t segments = 0;
+  // Set: the pool's segments come from it instead of the backend (shared: a segment's release needs it).
+  std::shared_ptr<const SegmentAllocator> segment_allocator;
 };
 
 }  // namespace streamalloc

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "logging.hpp"
+#include "memory_pool.hpp"
 
 namespace streamalloc {
 
@@ -42,7 +43,20 @@ Segment* SegmentSource::add(std::uintptr_t address, std::size_t bytes, PoolKind 
 }
 
 Segment* SegmentSource::reserve(PoolKind pool, MemoryPool* owner, std::size_t bytes, Stream stream) {
-  void* memory = backend_.reserve(device_, bytes);
+  void* memory = nullptr;
+  if (owner != nullptr && owner->segment_allocator) {
+    // The pool's own allocator may allocate device memory during a capture, as the backend does.
+    const int previous = backend_.relax_capture_mode();
+    try {
+      memory = owner->segment_allocator->reserve(device_, bytes);
+    } catch (...) {
+      backend_.restore_capture_mode(previous);
+      throw;
+    }
+    backend_.restore_capture_mode(previous);
+  } else {
+    memory = backend_.reserve(device_, bytes);
+  }
   if (memory == nullptr) return nullptr;
   return add(reinterpret_cast<std::uintptr_t>(memory), bytes, pool, owner, stream);
 }
@@ -170,6 +184,8 @@ void SegmentSource::release(Segment* segment) {
       log().warn("device {}: the address range of an expandable segment stays reserved: {}", device_,
                  without_prefix(e.what()));
     }
+  } else if (segment->owner != nullptr && segment->owner->segment_allocator) {
+    segment->owner->segment_allocator->release(device_, base, segment->size);
   } else {
     backend_.release(device_, base, segment->size);
   }

@@ -32,7 +32,9 @@ TraceEntry make_entry(TraceAction action, int device, std::uintptr_t address, st
 }
 
 TraceEntry entry_for(TraceAction action, int device, const Block& block) {
-  return make_entry(action, device, block.address, block.size, block.stream, block.segment->owner->id);
+  TraceEntry entry = make_entry(action, device, block.address, block.size, block.stream, block.segment->owner->id);
+  entry.requested = block.requested;
+  return entry;
 }
 
 }  // namespace

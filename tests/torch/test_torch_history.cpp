@@ -128,9 +128,9 @@ TEST_F(TorchHistoryTest, SnapshotTracesCarryContextsStreamsPoolsAndTheStreamFact
   std::vector<TraceEntry::Action> actions;
   for (const TraceEntry& e : t) actions.push_back(e.action_);
   // record_stream has no PyTorch action: its stream shows in the free_requested.
+  // This snapshot's own entry is recorded after its traces were taken, as PyTorch's: none yet.
   ASSERT_EQ(actions, (std::vector<TraceEntry::Action>{TraceEntry::SEGMENT_ALLOC, TraceEntry::ALLOC, TraceEntry::ALLOC,
-                                                       TraceEntry::FREE_REQUESTED, TraceEntry::FREE_COMPLETED,
-                                                       TraceEntry::SNAPSHOT}));
+                                                       TraceEntry::FREE_REQUESTED, TraceEntry::FREE_COMPLETED}));
   const auto address = reinterpret_cast<std::size_t>(p);
   EXPECT_EQ(t[0].context_, alloc_stack);
   EXPECT_EQ(t[1].addr_, address);
@@ -141,15 +141,18 @@ TEST_F(TorchHistoryTest, SnapshotTracesCarryContextsStreamsPoolsAndTheStreamFact
   EXPECT_GT(t[1].time_.t_, 1600000000LL * 1000000) << "microseconds since the epoch";
   EXPECT_EQ(t[2].context_, nullptr);
   EXPECT_EQ(t[3].context_, free_stack);
-  EXPECT_EQ(t[3].user_metadata_.rfind("backward; streamalloc: pending on stream(s) 0x", 0), 0u) << t[3].user_metadata_;
+  EXPECT_EQ(t[3].user_metadata_, "backward") << "the user's metadata alone, as PyTorch's entries carry it";
   EXPECT_EQ(t[4].addr_, address);
   EXPECT_EQ(t[4].context_, alloc_stack) << "a fence completing belongs to no call: the allocation's stack shows";
-  EXPECT_EQ(t[4].user_metadata_.rfind("streamalloc: fence on stream 0x", 0), 0u) << t[4].user_metadata_;
+  EXPECT_EQ(t[4].user_metadata_.rfind("streamalloc: fence on stream 0x", 0), 0u)
+      << "no user metadata was set when the fence completed: the stream facts fill the field: " << t[4].user_metadata_;
   EXPECT_NE(t[4].user_metadata_.find(" held "), std::string::npos);
+  EXPECT_EQ(a().snapshot().device_traces[0].back().action_, TraceEntry::SNAPSHOT) << "the first snapshot's entry";
 
-  // Blocks and segments: the context they were allocated under.
+  // Blocks: the context they were allocated under. The segment's went when its first block was split
+  // (PyTorch's allocator keeps a segment's context on its head block, and loses it there).
   ASSERT_EQ(snapshot.segments.size(), 1u);
-  EXPECT_EQ(snapshot.segments[0].context_when_allocated, alloc_stack);
+  EXPECT_EQ(snapshot.segments[0].context_when_allocated, nullptr);
   int allocated = 0;
   for (const auto& block : snapshot.segments[0].blocks) {
     if (!block.allocated) continue;
@@ -182,11 +185,14 @@ TEST_F(TorchHistoryTest, MaxEntriesClearAndSkipActions) {
   record(RecordContext::NEVER, 3);
   for (int i = 0; i < 4; ++i) core().deallocate(core().allocate(4 * KiB, 0, producer_));
   std::vector<TraceEntry> t = trace();
-  // The snapshot entry of this very snapshot is the newest of the three kept.
+  // The newest three; this snapshot's own entry comes after its traces were taken.
   ASSERT_EQ(t.size(), 3u);
-  EXPECT_EQ(t[0].action_, TraceEntry::FREE_REQUESTED);
-  EXPECT_EQ(t[1].action_, TraceEntry::FREE_COMPLETED);
-  EXPECT_EQ(t[2].action_, TraceEntry::SNAPSHOT);
+  EXPECT_EQ(t[0].action_, TraceEntry::ALLOC);
+  EXPECT_EQ(t[1].action_, TraceEntry::FREE_REQUESTED);
+  EXPECT_EQ(t[2].action_, TraceEntry::FREE_COMPLETED);
+  t = trace();
+  ASSERT_EQ(t.size(), 3u);
+  EXPECT_EQ(t[2].action_, TraceEntry::SNAPSHOT) << "the previous snapshot's entry";
   record(RecordContext::NEVER, 100, /*clear=*/true, {"snapshot", "segment_alloc"});
   EXPECT_TRUE(trace().empty());
   core().deallocate(core().allocate(4 * KiB, 0, producer_));
@@ -195,10 +201,124 @@ TEST_F(TorchHistoryTest, MaxEntriesClearAndSkipActions) {
   EXPECT_EQ(t[0].action_, TraceEntry::ALLOC);
 }
 
+// PyTorch's upstream test_memory_compile_regions: entries made inside a torch.compile region name it,
+// the others say "N/A"; regions are kept only while the history is on.
+TEST_F(TorchHistoryTest, EntriesNameTheTorchCompileRegionTheyWereMadeIn) {
+  TorchHistory history;
+  history.push_compile_context("ignored: the history is off");
+  history.configure(core(), true, nullptr, 100, RecordContext::NEVER, false, {});
+  EXPECT_EQ(history.context_for(RecordContext::STATE), nullptr) << "no region, no metadata: nothing to gather";
+  history.push_compile_context("Torch-Compiled Region: 0/0");
+  history.push_compile_context("Torch-Compiled Region: 1/0");
+  const auto inner = history.context_for(RecordContext::STATE);
+  ASSERT_NE(inner, nullptr);
+  EXPECT_EQ(inner->compile_context, "Torch-Compiled Region: 1/0");
+  history.pop_compile_context();
+  const auto outer = history.context_for(RecordContext::STATE);
+  ASSERT_NE(outer, nullptr);
+  EXPECT_EQ(outer->compile_context, "Torch-Compiled Region: 0/0");
+  history.pop_compile_context();
+  history.pop_compile_context();  // one pop too many changes nothing
+  EXPECT_EQ(history.context_for(RecordContext::STATE), nullptr);
+
+  streamalloc::TraceEntry made_inside;
+  made_inside.context = outer;
+  streamalloc::TraceEntry made_outside;
+  const auto t = to_torch_trace({made_inside, made_outside}, false);
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(t[0].compile_context_, "Torch-Compiled Region: 0/0");
+  EXPECT_EQ(t[1].compile_context_, "N/A");
+}
+
+// PyTorch's upstream test_cpp_memory_snapshot_pickle: an allocation's (and a free's) entry has the size the
+// caller asked for; segment entries have the segment's.
+TEST_F(TorchHistoryTest, BlockEntriesHaveTheRequestedSize) {
+  record(RecordContext::NEVER);
+  core().deallocate(core().allocate(311 * 411 * 4, 0, producer_));
+  bool saw_alloc = false;
+  for (const TraceEntry& e : trace()) {
+    if (e.action_ == TraceEntry::ALLOC || e.action_ == TraceEntry::FREE_REQUESTED) {
+      EXPECT_EQ(e.size_, 311u * 411u * 4u) << "action " << static_cast<int>(e.action_);
+      saw_alloc = saw_alloc || e.action_ == TraceEntry::ALLOC;
+    }
+    if (e.action_ == TraceEntry::SEGMENT_ALLOC) EXPECT_GT(e.size_, 311u * 411u * 4u);
+  }
+  EXPECT_TRUE(saw_alloc);
+}
+
 TEST_F(TorchHistoryTest, UserMetadataRoundTrips) {
   EXPECT_EQ(a().getUserMetadata(), "");
   a().setUserMetadata("step 3");
   EXPECT_EQ(a().getUserMetadata(), "step 3");
+}
+
+// PyTorch's upstream test_memory_plots_metadata: every entry made while metadata is set carries exactly
+// that metadata, also the entries no call of the user made (a fence completing while another call
+// runs, whose context is the block's allocation's) and those of blocks allocated before it was set.
+TEST_F(TorchHistoryTest, EveryEntryCarriesTheMetadataInEffectWhenItWasRecorded) {
+  record(RecordContext::STATE);
+  void* early = core().allocate(4 * KiB, 0, producer_);  // before the metadata
+  core().record_stream(early, consumer_);
+  sim_->enqueue(0, consumer_, [] {});
+  a().setUserMetadata("metadata test");
+  {
+    TraceContextScope scope(call_context(make_stack(), "metadata test"));
+    core().deallocate(early);  // pending on the consumer stream: streamalloc facts exist for it
+  }
+  sim_->synchronize_stream(0, consumer_);
+  core().process_fences();  // the free completes outside any call of the user
+  a().setUserMetadata("");
+  bool completed = false;
+  for (const TraceEntry& e : trace()) {
+    if (e.action_ == TraceEntry::ALLOC || e.action_ == TraceEntry::SEGMENT_ALLOC) {
+      EXPECT_EQ(e.user_metadata_, "") << "allocated before the metadata was set";
+      continue;
+    }
+    EXPECT_EQ(e.user_metadata_, "metadata test") << "action " << static_cast<int>(e.action_);
+    completed = completed || e.action_ == TraceEntry::FREE_COMPLETED;
+  }
+  EXPECT_TRUE(completed);
+}
+
+// PyTorch's upstream test_memory_snapshot: after empty_cache() gives segments back, the newest entry of
+// the next snapshot is the segment_free (a snapshot's own entry is not in its own traces).
+TEST_F(TorchHistoryTest, TheLastEntryAfterEmptyCacheIsTheSegmentFree) {
+  record(RecordContext::STATE);
+  core().deallocate(core().allocate(4 * KiB, 0, producer_));
+  (void)a().snapshot();
+  a().emptyCache();
+  const std::vector<TraceEntry> t = trace();
+  ASSERT_FALSE(t.empty());
+  EXPECT_EQ(t.back().action_, TraceEntry::SEGMENT_FREE);
+}
+
+// PyTorch's upstream test_memory_plots_free_stack, context "state": a block allocated and freed leaves
+// its allocation stack nowhere in the snapshot, also when its allocation made a new segment (whose
+// context goes when its first block is split, as in PyTorch's allocator). A segment that one
+// allocation takes whole keeps the context it was allocated under.
+TEST_F(TorchHistoryTest, StateModeForgetsTheStackOfAFreedBlockAndOfTheSegmentItSplit) {
+  record(RecordContext::STATE);
+  const auto small_stack = make_stack();
+  {
+    TraceContextScope scope(call_context(small_stack));
+    core().deallocate(core().allocate(4 * KiB, 0, producer_));
+  }
+  const auto whole_stack = make_stack();
+  void* whole = nullptr;
+  {
+    TraceContextScope scope(call_context(whole_stack));
+    whole = core().allocate(64 * MiB, 0, producer_);
+  }
+  const SnapshotInfo snapshot = a().snapshot();
+  bool whole_segment_seen = false;
+  for (const auto& segment : snapshot.segments) {
+    EXPECT_NE(segment.context_when_allocated, small_stack);
+    for (const auto& block : segment.blocks) EXPECT_NE(block.context_when_allocated, small_stack);
+    whole_segment_seen = whole_segment_seen || segment.context_when_allocated == whole_stack;
+  }
+  EXPECT_TRUE(whole_segment_seen);
+  for (const TraceEntry& e : snapshot.device_traces[0]) EXPECT_EQ(e.context_, nullptr);
+  core().deallocate(whole);
 }
 
 }  // namespace

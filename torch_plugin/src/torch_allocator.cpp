@@ -13,6 +13,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
@@ -139,8 +140,23 @@ void TorchAllocator::report_to_profiler(streamalloc::Allocator& core, void* ptr,
                                    c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
 }
 
+void* TorchAllocator::uncached_alloc(size_t size, c10::DeviceIndex device) {
+  c10::cuda::CUDAGuard guard(device);
+  void* ptr = nullptr;
+  if (size != 0) C10_CUDA_CHECK(cudaMalloc(&ptr, size));
+  return ptr;
+}
+
+void TorchAllocator::uncached_delete(void* ptr) {
+  if (ptr != nullptr) C10_CUDA_CHECK_WARN(cudaFree(ptr));
+}
+
 c10::DataPtr TorchAllocator::allocate(size_t size) {
   const c10::DeviceIndex device = current_device();
+  if (!isEnabled()) {
+    void* ptr = uncached_alloc(size, device);
+    return {ptr, ptr, &uncached_delete, c10::Device(c10::DeviceType::CUDA, device)};
+  }
   void* ptr = allocate_on(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
   return {ptr, ptr, &delete_block, c10::Device(c10::DeviceType::CUDA, device)};
 }
@@ -149,15 +165,29 @@ c10::DeleterFnPtr TorchAllocator::raw_deleter() const { return &delete_block; }
 
 void* TorchAllocator::raw_alloc(size_t nbytes) {
   const c10::DeviceIndex device = current_device();
-  return allocate_on(nbytes, device, c10::cuda::getCurrentCUDAStream(device).stream());
+  return raw_alloc_with_stream(nbytes, c10::cuda::getCurrentCUDAStream(device).stream());
 }
 
 void* TorchAllocator::raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) {
-  return allocate_on(nbytes, current_device(), stream);
+  const c10::DeviceIndex device = current_device();
+  if (!isEnabled()) {
+    void* ptr = uncached_alloc(nbytes, device);
+    std::lock_guard<std::mutex> lock(uncached_mutex_);
+    uncached_.insert(ptr);
+    return ptr;
+  }
+  return allocate_on(nbytes, device, stream);
 }
 
 void TorchAllocator::raw_delete(void* ptr) {
   if (ptr == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(uncached_mutex_);
+    if (uncached_.erase(ptr) != 0) {
+      C10_CUDA_CHECK(cudaFree(ptr));
+      return;
+    }
+  }
   streamalloc::Allocator* core = this->core();
   TORCH_CHECK(core != nullptr, "streamalloc: raw_delete of a pointer streamalloc never handed out");
   torch_errors([&] { free_block(*core, ptr); });
@@ -281,6 +311,35 @@ void* TorchAllocator::getBaseAllocation(void* ptr, size_t* size) {
   return base;
 }
 
+// ---- CUDA IPC ----
+
+c10::cuda::CUDACachingAllocator::ShareableHandle TorchAllocator::shareIpcHandle(void* ptr) {
+  streamalloc::Allocator* core = this->core();
+  TORCH_CHECK(core != nullptr, "streamalloc: cannot share ", ptr, " with another process: streamalloc has not "
+              "allocated anything yet");
+  std::size_t size = 0;
+  void* base = core->segment_base(ptr, &size);
+  TORCH_CHECK(base != nullptr, "streamalloc: cannot share ", ptr, " with another process: it is not inside memory "
+              "streamalloc reserved");
+  const int device = core->device_of(ptr);
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  bool expandable = false;
+  for (const SegmentInfo& segment : core->segments(device)) {
+    if (segment.expandable && address >= segment.address && address < segment.address + segment.total_size) {
+      expandable = true;
+      break;
+    }
+  }
+  TORCH_CHECK(!expandable,
+              "streamalloc: sharing a CUDA tensor with another process (CUDA IPC) is not supported for memory in "
+              "streamalloc's expandable segments (expandable_segments:true): PyTorch's handle format describes "
+              "equal pieces, and streamalloc maps pieces of varying size. Allocate the tensors to share inside "
+              "`with torch.cuda.use_mem_pool(torch.cuda.MemPool()):` (private pools use fixed segments), or run "
+              "without expandable_segments.");
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  return share_cuda_malloc_segment(base, static_cast<const char*>(ptr) - static_cast<const char*>(base));
+}
+
 // ---- statistics and snapshots ----
 
 c10::CachingDeviceAllocator::DeviceStats TorchAllocator::getDeviceStats(c10::DeviceIndex device) {
@@ -300,6 +359,12 @@ void TorchAllocator::resetPeakStats(c10::DeviceIndex device) {
 c10::cuda::CUDACachingAllocator::SnapshotInfo TorchAllocator::snapshot(MempoolId mempool_id, bool include_traces) {
   const streamalloc::Allocator* core = this->core();
   if (core == nullptr) return to_torch_snapshot({}, 0, options_);
+  // As PyTorch's allocator: the traces are taken before the segments, whose listing records this
+  // snapshot's own `snapshot` entry, so that entry shows in the next snapshot, not in this one.
+  std::vector<std::vector<TraceEntry>> histories;
+  if (include_traces) {
+    for (int d = 0; d < core->device_count(); ++d) histories.push_back(core->history(d));
+  }
   std::vector<SegmentInfo> segments = core->segments(-1);
   const PoolId pool = to_pool(mempool_id);
   if (!pool.is_default()) {
@@ -312,8 +377,9 @@ c10::cuda::CUDACachingAllocator::SnapshotInfo TorchAllocator::snapshot(MempoolId
   auto out = to_torch_snapshot(segments, core->device_count(), core->options(), &contexts);
   if (include_traces) {
     const bool with_stacks = history_.trace_stacks();
-    for (int d = 0; d < core->device_count(); ++d) {
-      out.device_traces[static_cast<std::size_t>(d)] = to_torch_trace(core->history(d), with_stacks);
+    const auto metadata_at = [this](std::int64_t time_us) { return history_.user_metadata_at(time_us); };
+    for (std::size_t d = 0; d < histories.size(); ++d) {
+      out.device_traces[d] = to_torch_trace(histories[d], with_stacks, metadata_at);
     }
   }
   return out;
@@ -381,15 +447,35 @@ void TorchAllocator::releasePool(c10::DeviceIndex device, MempoolId mempool_id) 
 
 void TorchAllocator::createOrIncrefPool(c10::DeviceIndex device, MempoolId mempool_id,
                                         std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> allocator) {
-  // PyTorch's own allocator would reserve such a pool's segments through the other allocator's
-  // raw_alloc (NCCL's registered memory, for instance); streamalloc reserves every segment itself, so
-  // accepting one would silently ignore what the caller asked for.
-  TORCH_CHECK(allocator == nullptr || allocator.get() == this,
-              "streamalloc: a MemPool with its own allocator (", allocator ? allocator->name() : std::string(),
-              ") is not supported: streamalloc reserves every pool's memory itself. Create the MemPool "
-              "without an allocator, or run this part without streamalloc.");
   streamalloc::Allocator& core = core_or_create();
-  torch_errors([&] { core.create_or_incref_pool(device, to_pool(mempool_id)); });
+  const PoolId pool = to_pool(mempool_id);
+  torch_errors([&] { core.create_or_incref_pool(device, pool); });
+  if (allocator == nullptr || allocator.get() == this) return;
+  // As PyTorch's allocator: the pool's segments come from the other allocator's raw_alloc (on the
+  // pool's device and the current stream) and go back through its raw_delete. Its out-of-memory error
+  // is the core's out of memory (nullptr), so the pool's own OOM path and message apply.
+  SegmentAllocator segments;
+  segments.reserve = [allocator](int on_device, std::size_t bytes) -> void* {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(on_device));
+    try {
+      return allocator->raw_alloc(bytes);
+    } catch (const c10::OutOfMemoryError&) {
+      return nullptr;
+    } catch (const std::exception& error) {
+      throw Error(ErrorCode::kBackend, std::string("streamalloc: the MemPool's allocator (") + allocator->name() +
+                                           ") failed to allocate " + std::to_string(bytes) + " bytes: " + error.what());
+    }
+  };
+  segments.release = [allocator](int on_device, void* ptr, std::size_t) {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(on_device));
+    allocator->raw_delete(ptr);
+  };
+  try {
+    torch_errors([&] { core.set_pool_segment_allocator(device, pool, std::move(segments)); });
+  } catch (...) {
+    torch_errors([&] { core.release_pool(device, pool); });  // the refused call leaves the pool as it was
+    throw;
+  }
 }
 
 int TorchAllocator::getPoolUseCount(c10::DeviceIndex device, MempoolId mempool_id) {

@@ -28,6 +28,7 @@
 #include "streamalloc/allocator.hpp"
 #include "streamalloc/options.hpp"
 #include "torch_history.hpp"
+#include "torch_ipc.hpp"
 
 namespace streamalloc::torch {
 
@@ -50,6 +51,11 @@ class TorchAllocator final : public ::torch::cuda::CUDAPluggableAllocator::CUDAP
   void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override;
   void raw_delete(void* ptr) override;
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override;
+
+  // ---- torch.cuda.caching_allocator_enable(False): as PyTorch's allocator, memory then comes straight
+  // from cudaMalloc and goes straight back to cudaFree, uncached and outside streamalloc's numbers ----
+  void enable(bool value) override { caching_.store(value, std::memory_order_relaxed); }
+  bool isEnabled() const override { return caching_.load(std::memory_order_relaxed); }
 
   // ---- life cycle and policy ----
   void init(int device_count) override;
@@ -74,6 +80,9 @@ class TorchAllocator final : public ::torch::cuda::CUDAPluggableAllocator::CUDAP
                      bool clear_history, const std::vector<std::string>& skip_actions) override;
   bool isHistoryEnabled() override { return history_.enabled(); }
   void setUserMetadata(const std::string& metadata) override { history_.set_user_metadata(metadata); }
+  // torch.compile's regions ("Torch-Compiled Region: 0/0"), named in the trace entries made inside them.
+  void pushCompileContext(std::string& md) override { history_.push_compile_context(md); }
+  void popCompileContext() override { history_.pop_compile_context(); }
   std::string getUserMetadata() override { return history_.user_metadata(); }
   void attachOutOfMemoryObserver(c10::cuda::CUDACachingAllocator::OutOfMemoryObserver observer) override;
   void attachAllocatorTraceTracker(c10::cuda::CUDACachingAllocator::AllocatorTraceTracker tracker) override;
@@ -85,8 +94,9 @@ class TorchAllocator final : public ::torch::cuda::CUDAPluggableAllocator::CUDAP
                            std::function<bool(cudaStream_t)> filter) override;
   void endAllocateToPool(c10::DeviceIndex device, MempoolId mempool_id) override;
   void releasePool(c10::DeviceIndex device, MempoolId mempool_id) override;
-  // `allocator` is what torch.cuda.MemPool(allocator=...) was given: streamalloc serves a pool only
-  // from its own segments, so any allocator but this one is refused.
+  // `allocator` is what torch.cuda.MemPool(allocator=...) was given: the pool's segments then come from
+  // its raw_alloc and go back through its raw_delete (the core's SegmentAllocator); its blocks are the
+  // pool's alone, as every private pool's.
   void createOrIncrefPool(c10::DeviceIndex device, MempoolId mempool_id,
                           std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> allocator = nullptr) override;
   int getPoolUseCount(c10::DeviceIndex device, MempoolId mempool_id) override;
@@ -101,6 +111,18 @@ class TorchAllocator final : public ::torch::cuda::CUDAPluggableAllocator::CUDAP
   c10::cuda::CUDACachingAllocator::CheckpointDelta setCheckpointPoolState(
       c10::DeviceIndex device, std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> state) override;
 
+  // ---- CUDA IPC (torch.multiprocessing), in PyTorch's handle format (torch_ipc.hpp) ----
+  // The producer: a 'c' handle of the block's segment and the block's offset in it. A fixed segment is
+  // one cudaMalloc, which cudaIpcGetMemHandle shares whole. It stays reserved while a consumer may use
+  // it because the shared block does: PyTorch keeps the block allocated (CudaIPCSentData) until every
+  // consumer dropped it, and the core never gives back a segment holding a live block. Memory in
+  // streamalloc's expandable segments is refused (its pieces vary in size; PyTorch's 'e' format
+  // describes equal pieces).
+  c10::cuda::CUDACachingAllocator::ShareableHandle shareIpcHandle(void* ptr) override;
+  // The consumer: opens a 'c' handle (PyTorch's or streamalloc's producer) or an 'e' handle (PyTorch's
+  // expandable segments), once per process, closed when the last storage on it dies.
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override { return ipc_imports_.open(handle); }
+
   std::string name() override { return "streamalloc"; }
 
   // The allocator the process-wide deleter frees into (the installed one).
@@ -111,6 +133,8 @@ class TorchAllocator final : public ::torch::cuda::CUDAPluggableAllocator::CUDAP
   void* allocate_on(size_t size, c10::DeviceIndex device, cudaStream_t stream);
   [[noreturn]] void throw_out_of_memory(const Error& error, size_t size, c10::DeviceIndex device);
   static void delete_block(void* ptr);
+  static void uncached_delete(void* ptr);
+  void* uncached_alloc(size_t size, c10::DeviceIndex device);
   // A free with the history's context set and the profiler told; throws what the core throws.
   // `size`, `device`, `stream`: 0, -1, nullptr where the caller does not know them (the DataPtr deleter).
   void free_block(streamalloc::Allocator& core, void* ptr, size_t size = 0, int device = -1,
@@ -125,6 +149,10 @@ class TorchAllocator final : public ::torch::cuda::CUDAPluggableAllocator::CUDAP
   std::mutex observers_mutex_;
   std::vector<c10::cuda::CUDACachingAllocator::OutOfMemoryObserver> oom_observers_;
   TorchHistory history_;  // torch.cuda.memory._record_memory_history's settings
+  IpcImports ipc_imports_;
+  std::atomic<bool> caching_{true};
+  std::mutex uncached_mutex_;
+  std::unordered_set<void*> uncached_;  // raw_alloc's pointers while caching was off
 };
 
 }  // namespace streamalloc::torch

@@ -1,5 +1,6 @@
 #include "torch_history.hpp"
 
+#include <chrono>
 #include <cstdio>
 #include <utility>
 
@@ -40,16 +41,30 @@ void TorchHistory::configure(streamalloc::Allocator& core, bool enabled,
 std::shared_ptr<const TorchTraceContext> TorchHistory::gather(RecordContext level) {
   c10::cuda::CUDACachingAllocator::CreateContextFn recorder = nullptr;
   std::string metadata;
+  std::string compile_context;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (when_ >= level) recorder = recorder_;
     metadata = user_metadata_;
+    if (!compile_contexts_.empty()) compile_context = compile_contexts_.back();
   }
-  if (recorder == nullptr && metadata.empty()) return nullptr;
+  if (recorder == nullptr && metadata.empty() && compile_context.empty()) return nullptr;
   auto context = std::make_shared<TorchTraceContext>();
   if (recorder != nullptr) context->stack = recorder();
   context->user_metadata = std::move(metadata);
+  context->compile_context = std::move(compile_context);
   return context;
+}
+
+void TorchHistory::push_compile_context(const std::string& name) {
+  if (!enabled()) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  compile_contexts_.push_back(name);
+}
+
+void TorchHistory::pop_compile_context() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!compile_contexts_.empty()) compile_contexts_.pop_back();
 }
 
 bool TorchHistory::trace_stacks() const {
@@ -57,9 +72,32 @@ bool TorchHistory::trace_stacks() const {
   return trace_stacks_;
 }
 
+namespace {
+
+std::int64_t unix_now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+constexpr std::size_t kMaxMetadataChanges = 4096;
+
+}  // namespace
+
 void TorchHistory::set_user_metadata(const std::string& metadata) {
   std::lock_guard<std::mutex> lock(mutex_);
   user_metadata_ = metadata;
+  metadata_changes_.emplace_back(unix_now_us(), metadata);
+  if (metadata_changes_.size() > kMaxMetadataChanges) metadata_changes_.pop_front();
+}
+
+std::string TorchHistory::user_metadata_at(std::int64_t time_us) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // The last change at or before `time_us`; before the first one kept, nothing was set (or the
+  // change is too old to matter).
+  for (auto it = metadata_changes_.rbegin(); it != metadata_changes_.rend(); ++it) {
+    if (it->first <= time_us) return it->second;
+  }
+  return {};
 }
 
 std::string TorchHistory::user_metadata() const {
@@ -131,21 +169,35 @@ c10::CachingDeviceAllocator::TraceEntry::Action to_torch_action(TraceAction acti
 
 }  // namespace
 
-std::vector<c10::CachingDeviceAllocator::TraceEntry> to_torch_trace(const std::vector<TraceEntry>& entries,
-                                                                    bool with_stacks) {
+std::vector<c10::CachingDeviceAllocator::TraceEntry> to_torch_trace(
+    const std::vector<TraceEntry>& entries, bool with_stacks,
+    const std::function<std::string(std::int64_t)>& metadata_at) {
   std::vector<c10::CachingDeviceAllocator::TraceEntry> out;
   out.reserve(entries.size());
   for (const TraceEntry& e : entries) {
     if (e.action == TraceAction::kRecordStream) continue;
     const auto* context = dynamic_cast<const TorchTraceContext*>(e.context.get());
-    std::string metadata = context != nullptr && !e.context_from_allocation ? context->user_metadata : std::string();
-    const std::string facts = stream_facts(e);
-    if (!facts.empty()) metadata = metadata.empty() ? facts : metadata + "; " + facts;
+    std::string metadata;
+    if (context != nullptr && !e.context_from_allocation) {
+      metadata = context->user_metadata;  // gathered by the call that recorded the entry
+    } else if (metadata_at) {
+      metadata = metadata_at(e.time_us);
+    }
+    if (metadata.empty()) metadata = stream_facts(e);
+    // As PyTorch's trace: "N/A" outside any torch.compile region.
+    std::string compile_context = context != nullptr && !e.context_from_allocation && !context->compile_context.empty()
+                                      ? context->compile_context
+                                      : std::string("N/A");
+    // An allocation's or a free's size is what the caller asked for, as in PyTorch's trace; the block's
+    // size where the core no longer knows it.
+    const bool block_entry = e.action == TraceAction::kAlloc || e.action == TraceAction::kFreeRequested ||
+                             e.action == TraceAction::kFreeCompleted;
+    const std::size_t size = block_entry && e.requested != 0 ? e.requested : e.size;
     c10::CachingDeviceAllocator::TraceEntry entry(
-        to_torch_action(e.action), static_cast<c10::DeviceIndex>(e.device), e.address, e.size,
+        to_torch_action(e.action), static_cast<c10::DeviceIndex>(e.device), e.address, size,
         reinterpret_cast<void*>(e.stream),
         {static_cast<c10::CaptureId_t>(e.pool.first), static_cast<c10::CaptureId_t>(e.pool.second)}, 0,
-        context != nullptr && with_stacks ? context->stack : nullptr, "", std::move(metadata));
+        context != nullptr && with_stacks ? context->stack : nullptr, std::move(compile_context), std::move(metadata));
     // _snapshot() reads time_.t_ as microseconds since the epoch (PyTorch converts its approximate
     // clock before handing entries out; the core's clock already is that).
     entry.time_.t_ = static_cast<time_t>(e.time_us);

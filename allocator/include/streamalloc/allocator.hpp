@@ -86,6 +86,9 @@ class Allocator {
   void set_pool_use_on_oom(int device, PoolId pool, bool use_on_oom);
   // no_split: the pool's blocks are never split (each allocation takes a whole block).
   void set_pool_no_split(int device, PoolId pool);
+  // The pool's segments come from `segments` from now on (both functions set). Refused (nothing
+  // changes) for the default pool, an unknown pool, or a pool that already holds segments.
+  void set_pool_segment_allocator(int device, PoolId pool, SegmentAllocator segments);
   std::vector<PoolInfo> pools(int device) const;  // the default pool first
   // empty_cache() of one pool, on every device: the default pool's is empty_cache(); a private pool's
   // free segments go back only once it is freeable.

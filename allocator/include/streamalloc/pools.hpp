@@ -31,6 +31,15 @@ struct PoolId {
 // Decides, on the allocating thread, whether an allocation on `stream` goes to the route's pool.
 using PoolFilter = std::function<bool(Stream)>;
 
+// Where a private pool's segments come from instead of the backend (PyTorch's MemPool(allocator=...)):
+// `reserve` returns `bytes` of device memory on `device`, or nullptr when it has none; `release` gives
+// back exactly what `reserve` returned. Both run with the device cache's lock held, and must not call
+// back into this allocator.
+struct SegmentAllocator {
+  std::function<void*(int device, std::size_t bytes)> reserve;
+  std::function<void(int device, void* ptr, std::size_t bytes)> release;
+};
+
 // One pool of one device, as stats and reports show it.
 struct PoolInfo {
   PoolId id;

@@ -64,6 +64,7 @@ struct TraceEntry {
   int device = 0;
   std::uintptr_t address = 0;  // kOom: the device's free bytes; kSnapshot: 0
   std::size_t size = 0;        // block or segment bytes; kOom: the rounded request; kSnapshot: active bytes
+  std::size_t requested = 0;   // block entries: the size the caller asked for (PyTorch's trace shows it)
   Stream stream = 0;           // allocation stream (segments: the stream they were reserved for)
   PoolId pool;
   std::int64_t time_us = 0;    // microseconds since the Unix epoch
