@@ -19,7 +19,7 @@ namespace streamalloc {
 using Clock = std::chrono::steady_clock;
 
 // A timestamp for block ages in reports: CLOCK_MONOTONIC_COARSE (the clock behind steady_clock, at
-// jiffy resolution) costs a few ns where a precise read costs ~20, and the hot path takes one per op.
+// jiffy resolution) is cheaper than a precise read, and the hot path takes one per op.
 inline Clock::time_point coarse_now() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);

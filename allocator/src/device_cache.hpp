@@ -358,7 +358,7 @@ class DeviceCache {
   // ---- stats (device_cache_stats.cpp; the fast path's part in device_cache_shards.cpp)
   template <typename F>
   void for_each_stat(F&& visit);
-  // The aggregate and the block's pool move together (inline: a pair of calls costs ten of these).
+  // The aggregate and the block's pool move together (inline: every device-locked pair calls these).
   // Device-locked code only, and never for the stats the fast path changes (below).
   void stat_increase(StatArray DeviceStats::*field, PoolKind pool, std::int64_t amount) {
     (stats_.*field)[0].increase(amount);

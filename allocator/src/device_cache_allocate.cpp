@@ -161,7 +161,7 @@ Block* DeviceCache::best_free(MemoryPool& pool, PoolKind kind, std::size_t size,
 //  3. then the smallest, then owned before settled, then the lowest address, as best_free orders them.
 // A fit the first two rules leave out is still taken when nothing else fits. Both indexes are walked
 // smallest first and each walk stops at the first block that no later block of that index can beat
-// (rank 0 or 4 below); the walks seen on the bench traces visit at most 5 blocks.
+// (rank 0 or 4 below), so a walk visits few blocks.
 Block* DeviceCache::best_free_expandable_large(MemoryPool& pool, std::size_t size, Stream stream) {
   constexpr PoolKind kind = PoolKind::kLarge;
   // Rank: 0 best. Exact fits rank below every carving fit, whatever their other properties.

@@ -5,9 +5,8 @@
 // Rule 6 on the fence path: a stream that captures a graph gets no fence and is not queried (an event
 // recorded on it would be a node of the graph). The fence path asks only the streams it would record on
 // or query whether they capture, and runs in relaxed capture mode, so that querying events recorded
-// outside a capture neither breaks a capture on another stream nor has to wait for its end. Asking every
-// stream the cache knows cost each free's pass and each miss a query per stream: 1 MiB cross-stream
-// pairs 4x the instructions in a process that had used 48 other streams.
+// outside a capture neither breaks a capture on another stream nor has to wait for its end. A pass never
+// asks every stream the cache knows: its cost would grow with the streams a process has ever used.
 #include <optional>
 
 #include "device_cache.hpp"
@@ -92,7 +91,7 @@ void DeviceCache::release_pending(Block* block, Clock::time_point now) {
 }
 
 // The blocks a fence releases were all released when it was seen complete: one clock read for all of
-// them (a precise read is a few percent of a cross-stream pair, and a fence releases dozens).
+// them, whatever their number.
 void DeviceCache::finish_fence(StreamState& state, Fence& fence) {
   const Clock::time_point now = fence.pending.empty() ? Clock::time_point{} : Clock::now();
   for (Block* block : fence.pending) {
@@ -146,10 +145,10 @@ void DeviceCache::close_batches_and_poll(StreamState* missed, HotLists flush) {
 // A miss fences what may serve it: batches with pending blocks (once their used stream passes the
 // fence, the blocks return to their allocation stream) and other streams' batches of owned free blocks
 // (settled, they serve any stream). The missing stream's own batch of owned free blocks is no use to
-// it: its owned blocks serve it already. Closing that batch at every miss cost a cross-stream loop of
-// 1 MiB blocks, two to a small segment, an event every second pair. So a miss fences its own batch only
-// when the stream's newest fence is older than kOwnBatchInterval; other streams' misses,
-// process_fences(), empty_cache() and the OOM path close it as before. A batch that holds pending
+// it: its owned blocks serve it already, and closing that batch at every miss would record an event for
+// nearly every miss of a loop that alternates streams. So a miss fences its own batch only when the
+// stream's newest fence is older than kOwnBatchInterval; other streams' misses, process_fences(),
+// empty_cache() and the OOM path close it. A batch that holds pending
 // blocks is never deferred.
 bool DeviceCache::defers_own_batch(const StreamState& state, const StreamState* missed, Clock::time_point now) const {
   return &state == missed && state.fences.open_pending().empty() &&

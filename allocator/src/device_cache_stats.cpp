@@ -177,7 +177,7 @@ void DeviceCache::account_allocated(StreamState& shard, const Block* block, std:
 // release give their headroom to the stream's shard, which that allocation draws. Other device-locked
 // frees give it to the device (`shard` null): a shard keeps what its own fast path returns, and
 // headroom given to shards whose streams allocate on the device-locked path would have to be gathered
-// back from every shard (32 streams taking turns: 2.8x the instructions per pair).
+// back from every shard, at a cost that grows with the number of streams.
 void DeviceCache::account_freed(const Block* block, StreamState* shard) {
   const PoolKind pool = block->segment->pool;
   fast_stat_decrease(kAllocation, pool, 1, shard);

@@ -4,7 +4,7 @@
 // *settled* (its owner's fence completed: no stream can still touch it). Owned blocks are indexed by
 // their owner stream; settled blocks under one shared key, so any stream may take them, except under
 // cross_stream_reuse:never, where settled blocks stay with their stream as in PyTorch's allocator.
-// The cache keeps one FreeLists for its segments; a pool with its own segments would keep its own.
+// Each MemoryPool keeps one FreeLists for its own segments (memory_pool.hpp).
 #pragma once
 
 #include <algorithm>

@@ -52,7 +52,7 @@ struct alignas(kCacheLine) StreamState {
   Stream stream() const { return fences.stream(); }
 
   // A spin lock: uncontended unless threads share the stream or a device-locked call holds it (then
-  // waiters yield), and one locked instruction per fast path where a std::mutex costs two and a call.
+  // waiters yield), and fewer locked instructions per fast path than a std::mutex.
   SpinLock lock;
   FenceQueue fences;
   // Blocks just freed on this stream, kept unmerged so that the next allocation of the same size takes
