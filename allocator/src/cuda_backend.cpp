@@ -182,7 +182,7 @@ struct DriverVm {
 // The fence path's queries of a created stream or of an event, and its switch of capture mode,
 // straight from the driver. A miss that polls asks each stream it records on or queries whether it
 // captures, and a stream with pending blocks whether it is idle; through the runtime each call also
-// pays its entry (bench/cuda_call_cost.cpp measures both). Only the answers "yes", "no" and "not
+// pays its entry (bench/tools/cuda_call_cost.cpp measures both). Only the answers "yes", "no" and "not
 // ready" are taken from the driver: any other result (no context current on this thread, a real error)
 // asks the runtime again, which binds the context and reports errors in its own words. Default streams
 // always go through the runtime (they belong to the current device).

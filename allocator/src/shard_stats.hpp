@@ -75,7 +75,7 @@ inline void for_each_unpark_raise(std::int64_t size, std::int64_t requested, F&&
 // fields side by side (an array of {allocated, freed, headroom}) invite it to pair them in vector
 // registers, which costs more than it saves here.
 struct ShardStats {
-  using Cells = std::array<std::array<std::int64_t, kPoolKinds>, kFastStats>;
+  using Cells = std::array<std::array<std::int64_t, kSizeClasses>, kFastStats>;
   Cells allocated{};
   Cells freed{};
   Cells headroom{};
