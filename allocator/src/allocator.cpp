@@ -112,21 +112,39 @@ bool Allocator::deallocate_cached(void* ptr, std::size_t size, int device, Strea
          caches_[static_cast<std::size_t>(device)]->deallocate_cached(ptr, size, stream);
 }
 
+void* Allocator::allocate_after_miss(std::size_t size, int device, Stream stream) {
+  DeviceCache& c = cache(device);
+  if (size == 0) return nullptr;
+  void* ptr = c.allocate_locked(size, stream);
+  t_last_allocation = LastAllocation{this, device, stream};
+  return ptr;
+}
+
+void Allocator::deallocate_after_miss(void* ptr, std::size_t size, int device, Stream stream) {
+  // deallocate_cached tries the common case only for a named device that this allocator serves.
+  if (ptr != nullptr && device >= 0 && serves(device)) return deallocate_on_named(ptr, size, device, stream, true);
+  deallocate(ptr, size, device, stream);
+}
+
+void Allocator::deallocate_on_named(void* ptr, std::size_t size, int device, Stream stream, bool tried_cached) {
+  // The named device's cache, with one lookup (the stream's shard, else its index of blocks).
+  DeviceCache& named = cache(device);
+  const bool freed = tried_cached ? named.deallocate_locked(reinterpret_cast<std::uintptr_t>(ptr), size, stream)
+                                  : named.deallocate(ptr, size, stream);
+  if (freed) return;
+  const int actual = find_device(ptr, -1);
+  if (actual >= 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "streamalloc: free(" + hex(reinterpret_cast<std::uintptr_t>(ptr)) + ") names device " +
+                    std::to_string(device) + " but the block lives on device " + std::to_string(actual) +
+                    "; nothing was freed. Pass the device it was allocated on.");
+  }
+  named.reject_free(ptr);
+}
+
 void Allocator::deallocate(void* ptr, std::size_t size, int device, Stream stream) {
   if (ptr == nullptr) return;
-  if (device >= 0) {
-    // The named device's cache, with one lookup (the stream's shard, else its index of blocks).
-    DeviceCache& named = cache(device);
-    if (named.deallocate(ptr, size, stream)) return;
-    const int actual = find_device(ptr, -1);
-    if (actual >= 0) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "streamalloc: free(" + hex(reinterpret_cast<std::uintptr_t>(ptr)) + ") names device " +
-                      std::to_string(device) + " but the block lives on device " + std::to_string(actual) +
-                      "; nothing was freed. Pass the device it was allocated on.");
-    }
-    named.reject_free(ptr);
-  }
+  if (device >= 0) return deallocate_on_named(ptr, size, device, stream, false);
   // No device: first the device (and, without a stream, the stream) this thread allocated on last, or
   // the device whose cache has seen `stream` (a lock-free look at each cache's stream table); then the
   // others in turn, one lookup each.
@@ -154,7 +172,7 @@ void Allocator::deallocate(void* ptr, std::size_t size, int device, Stream strea
 }
 
 // A cache that has used a stream checked on first sight that the stream is its device's
-// (DeviceCache::find_or_add_stream), so a lock-free look at each cache's stream table names the
+// (DeviceCache::find_or_add_shard), so a lock-free look at each cache's stream table names the
 // device without asking the backend (cudaStreamGetDevice; on the simulated device, its one mutex, at
 // every call). Only a stream no cache has used yet, and the default stream (every device's), ask.
 int Allocator::stream_device_hint(Stream stream) const {

@@ -19,7 +19,7 @@ namespace streamalloc {
 using Clock = std::chrono::steady_clock;
 
 // A timestamp for block ages in reports: CLOCK_MONOTONIC_COARSE (the clock behind steady_clock, at
-// jiffy resolution) costs a few ns where a precise read costs ~20, and the hot path takes one per op.
+// jiffy resolution) is cheaper than a precise read, and the hot path takes one per op.
 inline Clock::time_point coarse_now() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
@@ -72,7 +72,7 @@ struct alignas(kCacheLine) Block {
   bool held = false;
   // Free, owned by its stream, and parked unmerged in that stream's hot list for an exact-size reuse.
   bool hot = false;
-  // Allocated or hot: in its stream's shard (StreamState::live or ::hot), where the per-stream fast
+  // Allocated or hot: in its stream's shard (Shard::live or ::hot), where the per-stream fast
   // path changes it under the shard's lock alone. Written only under the device lock and the shard
   // lock, so device-locked code may read it (and address, size, segment, stream, which do not change
   // while it is set) and must leave the block's other fields alone without the shard lock.
@@ -99,8 +99,8 @@ std::size_t block_spares_per_thread();
 struct Segment {
   std::uintptr_t address = 0;
   std::size_t size = 0;              // bytes its blocks cover (of an expandable segment: its mapped pages)
-  PoolKind pool = PoolKind::kSmall;  // size class
-  MemoryPool* owner = nullptr;       // the memory pool whose free lists hold its free blocks
+  SizeClass size_class = SizeClass::kSmall;
+  MemoryPool* owner = nullptr;  // the pool that owns it: its free lists hold the segment's free blocks
   Stream stream = 0;                 // stream of the allocation that reserved it
   Block* head = nullptr;
   Block* tail = nullptr;  // the last block: where an expandable segment grows and shrinks
@@ -118,7 +118,7 @@ struct Segment {
   std::size_t span() const { return expandable() ? tail->address + tail->size - address : size; }
 };
 
-inline int pool_index(PoolKind pool) { return static_cast<int>(pool); }
+inline int class_index(SizeClass size_class) { return static_cast<int>(size_class); }
 
 // Cut free block `block` after `size` bytes: the tail becomes a new free block in the same state (owner
 // stream, settled or not, fence sequence, age) and address neighbour; `block` keeps the first `size`

@@ -1,8 +1,8 @@
 // Storage for Block objects. Every device-locked allocation that cuts a block and every free that
 // merges one makes or deletes a Block, and a Block is cache-line aligned (block.hpp), which glibc serves
-// through memalign: ~400 instructions per new/delete pair, as much as the rest of such an allocation's
-// bookkeeping. So each thread keeps the memory of up to kSpareBlocks deleted Blocks for the next ones it
-// makes; the heap sees only what exceeds that, and a thread's spares go back to it when the thread ends.
+// through memalign, whose cost rivals the rest of such an allocation's bookkeeping. So each thread
+// keeps the memory of up to kSpareBlocks deleted Blocks for the next ones it makes; the heap sees only
+// what exceeds that, and a thread's spares go back to it when the thread ends.
 #include <cstddef>
 #include <memory>
 #include <new>

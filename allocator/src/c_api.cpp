@@ -119,14 +119,27 @@ Allocator& instance() {
 
 streamalloc::Stream to_stream(streamalloc_stream_t stream) { return reinterpret_cast<streamalloc::Stream>(stream); }
 
-[[gnu::noinline]] void* malloc_with_errors(size_t size, int device, streamalloc_stream_t stream) {
+// `tried_cached`: the caller's allocate_cached / deallocate_cached missed, and is not tried again.
+[[gnu::noinline]] void* malloc_with_errors(size_t size, int device, streamalloc_stream_t stream, bool tried_cached) {
   void* ptr = nullptr;
-  to_last_error([&] { ptr = instance().allocate(size, device, to_stream(stream)); });
+  to_last_error([&] {
+    Allocator& a = instance();
+    ptr = tried_cached ? a.allocate_after_miss(size, device, to_stream(stream))
+                       : a.allocate(size, device, to_stream(stream));
+  });
   return ptr;
 }
 
-[[gnu::noinline]] void free_with_errors(void* ptr, size_t size, int device, streamalloc_stream_t stream) {
-  to_last_error([&] { instance().deallocate(ptr, size, device, to_stream(stream)); });
+[[gnu::noinline]] void free_with_errors(void* ptr, size_t size, int device, streamalloc_stream_t stream,
+                                        bool tried_cached) {
+  to_last_error([&] {
+    Allocator& a = instance();
+    if (tried_cached) {
+      a.deallocate_after_miss(ptr, size, device, to_stream(stream));
+    } else {
+      a.deallocate(ptr, size, device, to_stream(stream));
+    }
+  });
 }
 
 char* copy_string(const std::string& s) {
@@ -153,16 +166,18 @@ extern "C" {
 // never throws. Everything else goes the full way, errors caught.
 void* streamalloc_malloc(size_t size, int device, streamalloc_stream_t stream) {
   Allocator* a = g_allocator.load(std::memory_order_acquire);
-  if (a != nullptr && t_last_code == 0) {
+  const bool tried_cached = a != nullptr && t_last_code == 0;
+  if (tried_cached) {
     if (void* ptr = a->allocate_cached(size, device, to_stream(stream))) return ptr;
   }
-  return malloc_with_errors(size, device, stream);
+  return malloc_with_errors(size, device, stream, tried_cached);
 }
 
 void streamalloc_free(void* ptr, size_t size, int device, streamalloc_stream_t stream) {
   Allocator* a = g_allocator.load(std::memory_order_acquire);
-  if (a != nullptr && t_last_code == 0 && a->deallocate_cached(ptr, size, device, to_stream(stream))) return;
-  free_with_errors(ptr, size, device, stream);
+  const bool tried_cached = a != nullptr && t_last_code == 0;
+  if (tried_cached && a->deallocate_cached(ptr, size, device, to_stream(stream))) return;
+  free_with_errors(ptr, size, device, stream, tried_cached);
 }
 
 void streamalloc_record_stream(void* ptr, streamalloc_stream_t stream) {

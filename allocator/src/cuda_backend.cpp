@@ -87,8 +87,8 @@ cudaEvent_t to_cuda(Event event) { return static_cast<cudaEvent_t>(event); }
 // whichever device is current when they are used, so they have no device of their own. A created
 // stream acts on its own device whichever is current, and so does an event query or wait (CUDA
 // Programming Guide, "Stream and Event Behavior"): queries of a created stream or of an event skip the
-// DeviceGuard, whose cudaGetDevice costs ~48 ns on an H200 host (bench/tools/cuda_call_cost.cpp), and a miss
-// that polls fences asks each stream it records on or queries whether it captures.
+// DeviceGuard and its cudaGetDevice (bench/tools/cuda_call_cost.cpp measures it), and a miss that polls
+// fences asks each stream it records on or queries whether it captures.
 bool is_default_stream(Stream stream) {
   return stream == 0 || stream == reinterpret_cast<Stream>(cudaStreamLegacy) ||
          stream == reinterpret_cast<Stream>(cudaStreamPerThread);

@@ -1,6 +1,6 @@
 // cycle_clock: timestamps cheap enough to take on every device-locked call (the device lock's wait
 // and hold times, stats `device_lock_wait_ns` and `device_lock_held_ns`). On x86 the time-stamp
-// counter (about 25 cycles to read; constant-rate on the processors CUDA runs on), converted to
+// counter (cheap to read; constant-rate on the processors CUDA runs on), converted to
 // nanoseconds only when the stats are read; elsewhere the steady clock's nanoseconds.
 #pragma once
 

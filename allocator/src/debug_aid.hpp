@@ -1,6 +1,7 @@
-// Debugging aids: optional features that watch the cache (audit, check_sync, pending_history) or
-// change what it does with a block (quarantine holds freed blocks back from reuse; poison fills
-// blocks). Each aid is a DebugAid in its own file; make_debug_aids() builds those the options turn on.
+// Debugging aids: optional features that watch the cache (audit, check_sync, pending_history, the
+// allocation history) or change what it does with a block (quarantine holds freed blocks back from
+// reuse; poison fills blocks). Each aid is a DebugAid in its own file; make_debug_aids() builds those
+// the options turn on, and the allocation history (history_aid.cpp) comes and goes with its sink.
 //
 // The cache holds the aids behind one pointer, null when every aid is off: the policy code reads on
 // its own, and with the aids off each hook costs one inline null check. Hooks run under the cache's
@@ -18,6 +19,7 @@
 #include "streamalloc/backend.hpp"
 #include "streamalloc/options.hpp"
 #include "streamalloc/stats.hpp"
+#include "streamalloc/trace.hpp"
 
 namespace streamalloc {
 
@@ -74,6 +76,21 @@ class DebugAid {
   virtual void on_host_sync_for_memory(std::size_t /*fences*/, std::size_t /*bytes_released*/) {}
   virtual void on_out_of_memory(const std::string& /*report*/) {}
 
+  // ---- the allocation history's own events (streamalloc/trace.hpp; the history also hears on_allocate
+  // and on_free)
+  virtual void on_record_stream(const Block& /*block*/, Stream /*stream*/) {}
+  // A pending block's last fence completed (`fence` nullptr: its remaining uses were dropped, as a
+  // capture's are); `fence_stream` is the stream of that fence.
+  virtual void on_fenced_free_completed(const Block& /*block*/, Stream /*fence_stream*/, const Fence* /*fence*/) {}
+  virtual void on_segment(TraceAction /*action*/, const Segment& /*segment*/) {}
+  // kSegmentMap / kSegmentUnmap: `bytes` of pages at `address` of an expandable segment.
+  virtual void on_segment_pages(TraceAction /*action*/, const Segment& /*segment*/, std::uintptr_t /*address*/,
+                                std::size_t /*bytes*/) {}
+  // An allocation of `size` bytes on `stream` from `pool` failed with `device_free` bytes free.
+  virtual void on_out_of_memory_request(std::size_t /*device_free*/, std::size_t /*size*/, Stream /*stream*/,
+                                        PoolId /*pool*/) {}
+  virtual void on_snapshot(std::size_t /*active_bytes*/) {}
+
   // ---- reports and validate()
   // True (and `out` filled) for the aid that keeps the pending history.
   virtual bool pending_history(PendingHistory* /*out*/) const { return false; }
@@ -89,6 +106,12 @@ class DebugAids {
   ~DebugAids();
 
   bool holds_blocks() const { return holder_ != nullptr; }
+  // The allocation history, an aid like the others that comes and goes with its sink: `history` replaces
+  // the one there is (nullptr removes it). It runs after the aids the options turn on.
+  void set_history(std::unique_ptr<DebugAid> history);
+  bool empty() const { return aids_.empty(); }
+  // Whether an aid other than the allocation history is on (the history only records).
+  bool beyond_history() const { return aids_.size() > (history_ != nullptr ? 1u : 0u); }
 
   void on_allocate(Block& block);
   void on_free(const Block& block);
@@ -103,12 +126,19 @@ class DebugAids {
   void on_fence_in_flight(Stream stream, const Fence& oldest, Clock::time_point now);
   void on_host_sync_for_memory(std::size_t fences, std::size_t bytes_released);
   void on_out_of_memory(const std::string& report);
+  void on_record_stream(const Block& block, Stream stream);
+  void on_fenced_free_completed(const Block& block, Stream fence_stream, const Fence* fence);
+  void on_segment(TraceAction action, const Segment& segment);
+  void on_segment_pages(TraceAction action, const Segment& segment, std::uintptr_t address, std::size_t bytes);
+  void on_out_of_memory_request(std::size_t device_free, std::size_t size, Stream stream, PoolId pool);
+  void on_snapshot(std::size_t active_bytes);
   bool pending_history(PendingHistory* out) const;
   void validate(const AidCheck& check) const;
 
  private:
   std::vector<std::unique_ptr<DebugAid>> aids_;
-  DebugAid* holder_ = nullptr;  // the aid that holds blocks back, if any
+  DebugAid* holder_ = nullptr;   // the aid that holds blocks back, if any
+  DebugAid* history_ = nullptr;  // the allocation history, if on (last in aids_)
 };
 
 // The aids `options` turn on for `device`, or nullptr when none is. `audit` is the process's audit
@@ -122,5 +152,7 @@ std::unique_ptr<DebugAid> make_sync_check_aid(int device, Audit& audit, SyncChec
 std::unique_ptr<DebugAid> make_pending_history_aid(const Options& options);
 std::unique_ptr<DebugAid> make_quarantine_aid(const Options& options);
 std::unique_ptr<DebugAid> make_poison_aid(int device, const Options& options, Backend& backend);
+// The allocation history of `device`: its events go to `sink`.
+std::unique_ptr<DebugAid> make_history_aid(int device, TraceSink& sink);
 
 }  // namespace streamalloc

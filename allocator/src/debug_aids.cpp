@@ -16,6 +16,37 @@ DebugAids::DebugAids(std::vector<std::unique_ptr<DebugAid>> aids) : aids_(std::m
 
 DebugAids::~DebugAids() = default;
 
+void DebugAids::set_history(std::unique_ptr<DebugAid> history) {
+  if (history_ != nullptr) aids_.pop_back();
+  history_ = history.get();
+  if (history != nullptr) aids_.push_back(std::move(history));
+}
+
+void DebugAids::on_record_stream(const Block& block, Stream stream) {
+  for (const auto& aid : aids_) aid->on_record_stream(block, stream);
+}
+
+void DebugAids::on_fenced_free_completed(const Block& block, Stream fence_stream, const Fence* fence) {
+  for (const auto& aid : aids_) aid->on_fenced_free_completed(block, fence_stream, fence);
+}
+
+void DebugAids::on_segment(TraceAction action, const Segment& segment) {
+  for (const auto& aid : aids_) aid->on_segment(action, segment);
+}
+
+void DebugAids::on_segment_pages(TraceAction action, const Segment& segment, std::uintptr_t address,
+                                 std::size_t bytes) {
+  for (const auto& aid : aids_) aid->on_segment_pages(action, segment, address, bytes);
+}
+
+void DebugAids::on_out_of_memory_request(std::size_t device_free, std::size_t size, Stream stream, PoolId pool) {
+  for (const auto& aid : aids_) aid->on_out_of_memory_request(device_free, size, stream, pool);
+}
+
+void DebugAids::on_snapshot(std::size_t active_bytes) {
+  for (const auto& aid : aids_) aid->on_snapshot(active_bytes);
+}
+
 void DebugAids::on_allocate(Block& block) {
   for (const auto& aid : aids_) aid->on_allocate(block);
 }

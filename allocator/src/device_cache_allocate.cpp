@@ -49,36 +49,35 @@ std::string out_of_memory_head(const std::string& backend, int device, std::size
 
 void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
   DeviceLock lock(*this);
-  ++stats_.allocations_device_locked;
+  ledger_.count(&DeviceStats::allocations_device_locked);
   note_device_total();
   if (requested > kMaxRequest || requested > device_total_) throw_larger_than_device(requested, stream);
-  StreamState& own = stream_state(stream);  // first sight of a stream checks that it belongs to this device
-  MemoryPool& pool = pool_for(stream);
+  Shard& own = shards_.get(stream);  // first sight of a stream checks that it belongs to this device
+  MemoryPool& pool = pools_.pool_for(stream);
   const std::size_t size = size_policy::round_size(requested, options_);
-  const PoolKind kind = size_policy::pool_for(size);
-  if (&pool == &default_pool_) {
+  const SizeClass kind = size_policy::size_class_for(size);
+  if (pools_.is_default(&pool)) {
     if (Block* hot = take_hot(own, size)) return hand_out_hot(own, hot, requested);
-    // A large-pool size the hot list cannot serve: the parked blocks join the free lists first, merged
-    // with their neighbours, so the best fit below sees the free memory it would see without the hot
-    // list (parked blocks left out of the best fit fragment the large pool). Small-pool blocks stay
-    // parked in fixed segments: their 2 MiB segments bound what fragmentation can cost, and code
+    // A large size the hot list cannot serve: the hot blocks join the free lists first, merged with
+    // their neighbours, so the best fit below sees the free memory it would see without the hot list
+    // (hot blocks left out of the best fit fragment the large class). Small blocks stay in the hot
+    // list in fixed segments: their 2 MiB segments bound what fragmentation can cost, and code
     // cycling through a few small sizes keeps hitting the list. An expandable segment has no such
-    // bound (one segment per stream holds all its small blocks), so there the small pool flushes too
+    // bound (one segment per stream holds all its small blocks), so there the small class flushes too
     // (docs/design.md, "Expandable segments", "Packing").
-    if (kind == PoolKind::kLarge || grows_expandable(pool)) flush_hot(own, 0);
+    if (kind == SizeClass::kLarge || grows_expandable(pool)) flush_hot(own, 0);
   }
   // While blocks are pending, their fences may have completed since the last pass (a host sync, or
   // time): PyTorch's allocator polls its events on every allocation, so after a sync it hands a
   // pending block back even when a larger cached block could serve. The cache polls before the best
   // fit too, at most once per tick of the coarse clock (a few ms), and records no fence there, so that
   // a cross-stream loop keeps its batched fences.
-  if (stats_.pending_blocks.current > 0) {
+  if (ledger_.stats().pending_blocks.current > 0) {
     const Clock::time_point now = coarse_now();
-    if (now != last_pending_poll_) {
-      last_pending_poll_ = now;
-      const ParkingReleased parking(park_released_);
+    if (fences_.start_pending_poll(now)) {
+      const FenceEngine::Parking parking(fences_);
       poll_fences(/*close_batches=*/false);
-      if (Block* hot = take_parked_by_poll(own, pool, size)) return hand_out_hot(own, hot, requested);
+      if (Block* hot = take_hot_after_poll(own, pool, size)) return hand_out_hot(own, hot, requested);
     }
   }
 
@@ -91,12 +90,12 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
     // lock, where a miss of its own would flush the others' again (docs/design.md, "The allocation
     // path", step 2). A program that allocates from one thread flushes every hot list at once.
     {
-      const ParkingReleased parking(park_released_);
+      const FenceEngine::Parking parking(fences_);
       close_batches_and_poll(&own, HotLists::kThisThreads);
     }
-    if (Block* hot = take_parked_by_poll(own, pool, size)) return hand_out_hot(own, hot, requested);
+    if (Block* hot = take_hot_after_poll(own, pool, size)) return hand_out_hot(own, hot, requested);
     block = find_free(pool, kind, size, stream);
-    if (block == nullptr && kind == PoolKind::kSmall) {
+    if (block == nullptr && kind == SizeClass::kSmall) {
       block = reserve_segment(pool, kind, size, stream);
       reserved = true;
     }
@@ -110,7 +109,7 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
     block = find_free_after_gpu_wait(pool, kind, size, stream);
   }
   if (block == nullptr) {
-    ++stats_.num_alloc_retries;
+    ledger_.count(&DeviceStats::num_alloc_retries);
     release_held();
     synchronize_all_fences(/*for_memory=*/true);
     block = find_free(pool, kind, size, stream);
@@ -118,7 +117,7 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
       release_free_segments(SIZE_MAX);
       block = reserve_segment(pool, kind, size, stream);
     }
-    if (block == nullptr && &pool == &default_pool_) block = find_free_in_use_on_oom_pools(kind, size, stream);
+    if (block == nullptr && pools_.is_default(&pool)) block = find_free_in_use_on_oom_pools(kind, size, stream);
   }
   if (block == nullptr) throw_out_of_memory(requested, size, stream);
   own.thread = this_thread_token();
@@ -127,21 +126,23 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
 
 // A poll on the allocation path parks the blocks it releases in their allocation streams' hot lists
 // (park_released): the allocating stream's may serve it.
-Block* DeviceCache::take_parked_by_poll(StreamState& own, const MemoryPool& pool, std::size_t size) {
-  if (&pool != &default_pool_ || own.parked.load(std::memory_order_relaxed) == 0) return nullptr;
+Block* DeviceCache::take_hot_after_poll(Shard& own, const MemoryPool& pool, std::size_t size) {
+  if (!pools_.is_default(&pool) || own.hot_count.load(std::memory_order_relaxed) == 0) return nullptr;
   return take_hot(own, size);
 }
 
-void* DeviceCache::hand_out_hot(StreamState& own, Block* hot, std::size_t requested) {
-  give_headroom_for_unpark(own, hot, requested);
-  hand_out_parked(own, hot, requested);
+void* DeviceCache::hand_out_hot(Shard& own, Block* hot, std::size_t requested) {
+  ledger_.give_headroom_for_unpark(own.stats, hot, requested);
+  reuse_hot(own, hot, requested);
+  if (size_policy::is_oversize(hot->size, options_)) ledger_.increase(&DeviceStats::oversize_allocations, 1);
+  if (aids_ != nullptr) aids_->on_allocate(*hot);
   own.thread = this_thread_token();
   return reinterpret_cast<void*>(hot->address);
 }
 
 // The smaller of the best owned and the best settled fit; ties go to the own stream.
-Block* DeviceCache::best_free(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream) {
-  if (kind == PoolKind::kLarge && grows_expandable(pool)) return best_free_expandable_large(pool, size, stream);
+Block* DeviceCache::best_free(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream) {
+  if (kind == SizeClass::kLarge && grows_expandable(pool)) return best_free_expandable_large(pool, size, stream);
   Block* own = pool.free.best_owned(kind, stream, size);
   if (own != nullptr && !size_policy::may_serve(own->size, size, options_)) own = nullptr;
   Block* settled = pool.free.best_settled(kind, stream, size);
@@ -151,7 +152,7 @@ Block* DeviceCache::best_free(MemoryPool& pool, PoolKind kind, std::size_t size,
 }
 
 // The large class of expandable segments (docs/design.md, "Expandable segments", "Packing"): an exact
-// fit first, as before; else, among the blocks that fit,
+// fit first, as the plain best fit takes it; else, among the blocks that fit,
 //  1. not the free last block of another stream's expandable segment: that is where its owner grows
 //     next (its growth extends the block, mapping only what is missing), and a rest carved there by
 //     this stream leaves its owner a smaller end and a hole between live blocks of two streams;
@@ -161,9 +162,9 @@ Block* DeviceCache::best_free(MemoryPool& pool, PoolKind kind, std::size_t size,
 //  3. then the smallest, then owned before settled, then the lowest address, as best_free orders them.
 // A fit the first two rules leave out is still taken when nothing else fits. Both indexes are walked
 // smallest first and each walk stops at the first block that no later block of that index can beat
-// (rank 0 or 4 below); the walks seen on the bench traces visit at most 5 blocks.
+// (rank 0 or 4 below), so a walk visits few blocks.
 Block* DeviceCache::best_free_expandable_large(MemoryPool& pool, std::size_t size, Stream stream) {
-  constexpr PoolKind kind = PoolKind::kLarge;
+  constexpr SizeClass kind = SizeClass::kLarge;
   // Rank: 0 best. Exact fits rank below every carving fit, whatever their other properties.
   auto rank = [&](const Block* b) {
     const bool others_end = b->next == nullptr && b->segment->expandable() && b->segment->stream != stream;
@@ -193,11 +194,11 @@ Block* DeviceCache::best_free_expandable_large(MemoryPool& pool, std::size_t siz
 }
 
 Block* DeviceCache::count_reuse(Block* block, Stream stream) {
-  if (block != nullptr && block->settled && block->stream != stream) ++stats_.cross_stream_reuse_settled;
+  if (block != nullptr && block->settled && block->stream != stream) ledger_.count(&DeviceStats::cross_stream_reuse_settled);
   return block;
 }
 
-Block* DeviceCache::find_free(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream) {
+Block* DeviceCache::find_free(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream) {
   return count_reuse(best_free(pool, kind, size, stream), stream);
 }
 
@@ -209,9 +210,9 @@ Block* DeviceCache::find_free(MemoryPool& pool, PoolKind kind, std::size_t size,
 // fit that would split, while blocks are pending, polls (no event recorded: fences in flight and idle
 // streams' open batches) and looks again. Exact fits, the steady state of a training loop, pay nothing.
 // Fixed segments keep the per-tick poll alone: their numbers do not change with the option off.
-Block* DeviceCache::find_free_packed(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream) {
+Block* DeviceCache::find_free_packed(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream) {
   Block* block = best_free(pool, kind, size, stream);
-  if (block != nullptr && block->size != size && grows_expandable(pool) && stats_.pending_blocks.current > 0) {
+  if (block != nullptr && block->size != size && grows_expandable(pool) && ledger_.stats().pending_blocks.current > 0) {
     poll_fences(/*close_batches=*/false);
     block = best_free(pool, kind, size, stream);
   }
@@ -220,55 +221,55 @@ Block* DeviceCache::find_free_packed(MemoryPool& pool, PoolKind kind, std::size_
 
 // Policy `wait`: take the best-fitting owned block of another stream and make `stream` wait on the GPU
 // for the fence that settles it. Adds a dependency between the streams, no host sync.
-Block* DeviceCache::find_free_after_gpu_wait(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream) {
+Block* DeviceCache::find_free_after_gpu_wait(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream) {
   if (any_stream_capturing()) return nullptr;
   Block* best = nullptr;
-  for (const auto& [other, state] : streams_) {
+  for (const auto& [other, state] : shards_) {
     if (other == stream) continue;
     Block* candidate = pool.free.best_owned(kind, other, size);
     if (candidate == nullptr || !size_policy::may_serve(candidate->size, size, options_)) continue;
     if (best == nullptr || candidate->size < best->size) best = candidate;
   }
   if (best == nullptr) return nullptr;
-  StreamState& owner = stream_state(best->stream);
+  Shard& owner = shards_.get(best->stream);
   if (best->settle_seq > owner.fences.closed_seq()) close_batch(owner);
   const Fence* fence = owner.fences.find(best->settle_seq);
   if (fence == nullptr) return nullptr;  // completed meanwhile: the block is settled by the next poll
   backend_.stream_wait_event(device_, stream, fence->event);
   if (aids_ != nullptr) aids_->on_gpu_wait(fence->event, stream);
-  ++stats_.fences_waited_gpu;
-  ++stats_.cross_stream_reuse_waited;
+  ledger_.count(&DeviceStats::fences_waited_gpu);
+  ledger_.count(&DeviceStats::cross_stream_reuse_waited);
   return best;
 }
 
 // The default pool grows its expandable segments when the option is on (device_cache_expandable.cpp),
 // also while a stream captures a graph (mapping works in a capture; unmapping waits for its end);
 // private pools reserve fixed segments.
-Block* DeviceCache::reserve_segment(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream) {
+Block* DeviceCache::reserve_segment(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream) {
   if (grows_expandable(pool)) return grow_expandable(kind, size, stream);
   return reserve_fixed_segment(pool, kind, size, stream);
 }
 
 // Growing a pool works during a graph capture too: the backend reserves in relaxed capture mode, and
 // the new segment is never given back before the capture ends (release_free_segments waits for that).
-Block* DeviceCache::reserve_fixed_segment(MemoryPool& pool, PoolKind kind, std::size_t size, Stream stream) {
+Block* DeviceCache::reserve_fixed_segment(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream) {
   const std::size_t segment_size = size_policy::segment_size_for(size);
   if (segments_.reserved_bytes() + segment_size > memory_cap()) return nullptr;
   Segment* segment = segments_.reserve(kind, &pool, segment_size, stream);
   if (segment == nullptr) return nullptr;
-  if (trace_ != nullptr) trace_events::segment(*trace_, TraceAction::kSegmentAlloc, device_, *segment);
+  if (aids_ != nullptr) aids_->on_segment(TraceAction::kSegmentAlloc, *segment);
   ++pool.segments;
-  ++stats_.num_device_alloc;
-  stat_increase(&DeviceStats::segment, kind, 1);
-  stat_increase(&DeviceStats::reserved_bytes, kind, static_cast<std::int64_t>(segment_size));
-  if (size_policy::is_oversize(segment_size, options_)) stats_.oversize_segments.increase(1);
+  ledger_.count(&DeviceStats::num_device_alloc);
+  ledger_.increase(&DeviceStats::segment, kind, 1);
+  ledger_.increase(&DeviceStats::reserved_bytes, kind, static_cast<std::int64_t>(segment_size));
+  if (size_policy::is_oversize(segment_size, options_)) ledger_.increase(&DeviceStats::oversize_segments, 1);
   insert_free(segment->head);
   return segment->head;
 }
 
 Block* DeviceCache::take(Block* block, std::size_t size, std::size_t requested, Stream stream) {
   remove_free(block);
-  const PoolKind pool = block->segment->pool;
+  const SizeClass pool = block->segment->size_class;
   // In an expandable segment every rest of 512 bytes or more splits off, as in PyTorch's: free pages go
   // back wherever they are, so a rest strands no segment.
   const bool split = block->segment->expandable() ? block->size - size >= size_policy::kMinBlockSize
@@ -289,13 +290,12 @@ Block* DeviceCache::hand_out(Block* block, std::size_t requested, Stream stream)
   block->record_stream_calls = 0;
   block->fences_left = 0;
   block->since = coarse_now();
-  StreamState& shard = stream_state(stream);
+  Shard& shard = shards_.get(stream);
   shard.live.insert(block->address, block);
-  enter_shard(block);
-  account_allocated(shard, block, requested);
-  if (size_policy::is_oversize(block->size, options_)) stats_.oversize_allocations.increase(1);
+  shards_.enter(block);
+  ledger_.account_allocated(shard.stats, block, requested);
+  if (size_policy::is_oversize(block->size, options_)) ledger_.increase(&DeviceStats::oversize_allocations, 1);
   if (aids_ != nullptr) aids_->on_allocate(*block);
-  if (trace_ != nullptr) trace_events::alloc(*trace_, device_, *block);
   return block;
 }
 
@@ -307,27 +307,28 @@ void DeviceCache::throw_larger_than_device(std::size_t requested, Stream stream)
                       "on device {}; check the size computation of this tensor.",
                       backend_.name() == "cuda" ? "CUDA" : "Simulated device", requested, device_);
   } else {
-    ++stats_.num_ooms;
+    ledger_.count(&DeviceStats::num_ooms);
     const std::size_t size = size_policy::round_size(requested, options_);
-    msg = out_of_memory_head(backend_.name(), device_, size_policy::segment_size_for(size),
-                             backend_.memory_info(device_), memory_fraction_, memory_cap(),
+    const DeviceMemoryInfo info = backend_.memory_info(device_);
+    msg = out_of_memory_head(backend_.name(), device_, size_policy::segment_size_for(size), info,
+                             memory_fraction_, memory_cap(),
                              static_cast<std::size_t>(allocated_bytes_now()), segments_.reserved_bytes());
     msg += fmt::format(
         " streamalloc ({}): the request of {} bytes is larger than the device's total memory of {}; nothing was "
         "flushed. Check the size computation of this tensor.",
         backend_.name(), requested, format_size(device_total_));
-    if (trace_ != nullptr) trace_events::out_of_memory(*trace_, device_, backend_.memory_info(device_).free_bytes, size, stream, pool_for(stream).id);
+    if (aids_ != nullptr) aids_->on_out_of_memory_request(info.free_bytes, size, stream, pools_.pool_for(stream).id);
   }
   if (aids_ != nullptr) aids_->on_out_of_memory(msg);
   throw Error(ErrorCode::kOutOfMemory, msg);
 }
 
 void DeviceCache::throw_out_of_memory(std::size_t requested, std::size_t size, Stream stream) {
-  ++stats_.num_ooms;
+  ledger_.count(&DeviceStats::num_ooms);
   const DeviceMemoryInfo info = backend_.memory_info(device_);
   std::size_t cached_free = 0;
-  default_pool_.free.for_each([&](const Block* b) { cached_free += b->size; });
-  for (const auto& [id, pool] : private_pools_) pool->free.for_each([&](const Block* b) { cached_free += b->size; });
+  pools_.default_pool().free.for_each([&](const Block* b) { cached_free += b->size; });
+  for (const auto& [id, pool] : pools_.private_pools()) pool->free.for_each([&](const Block* b) { cached_free += b->size; });
   std::string msg = out_of_memory_head(backend_.name(), device_, size_policy::segment_size_for(size), info,
                                        memory_fraction_, memory_cap(),
                                        static_cast<std::size_t>(allocated_bytes_now()),
@@ -336,14 +337,14 @@ void DeviceCache::throw_out_of_memory(std::size_t requested, std::size_t size, S
       " streamalloc ({}): request of {} ({} rounded) on stream {:#x}; {} reserved, {} cached free, {} pending in "
       "{} block(s)",
       backend_.name(), format_size(requested), format_size(size), stream, format_size(segments_.reserved_bytes()),
-      format_size(cached_free), format_size(static_cast<std::size_t>(stats_.pending_bytes.current)),
-      stats_.pending_blocks.current);
+      format_size(cached_free), format_size(static_cast<std::size_t>(ledger_.stats().pending_bytes.current)),
+      ledger_.stats().pending_blocks.current);
   if (memory_fraction_ < 1.0) {
     msg += fmt::format("; memory fraction cap {} = {}", memory_fraction_, format_size(memory_cap()));
   }
   msg += ".";
   std::vector<std::pair<std::int64_t, Stream>> holders;
-  for (const auto& [s, state] : streams_) {
+  for (const auto& [s, state] : shards_) {
     const std::int64_t pending = state->fences.pending_stats().pending_bytes.current;
     if (pending > 0) holders.emplace_back(pending, s);
   }
@@ -355,7 +356,7 @@ void DeviceCache::throw_out_of_memory(std::size_t requested, std::size_t size, S
                          format_size(static_cast<std::size_t>(holders[i].first)));
     }
   }
-  if (trace_ != nullptr) trace_events::out_of_memory(*trace_, device_, info.free_bytes, size, stream, pool_for(stream).id);
+  if (aids_ != nullptr) aids_->on_out_of_memory_request(info.free_bytes, size, stream, pools_.pool_for(stream).id);
   msg += " What to do: free tensors you no longer need, lower the batch size, or, if reserved but unallocated "
          "memory is large, set STREAMALLOC_CONF=max_split_size_mb:N to reduce fragmentation.";
   if (aids_ != nullptr) aids_->on_out_of_memory(msg);

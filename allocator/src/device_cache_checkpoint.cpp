@@ -22,8 +22,8 @@ namespace {
 
 PoolCheckpoint DeviceCache::checkpoint_pool(PoolId pool) const {
   DeviceLock lock(*this);
-  lock_all_shards();
-  const MemoryPool& target = const_cast<DeviceCache*>(this)->private_pool(pool, "checkpoint_pool");
+  shards_.lock_all();
+  const MemoryPool& target = const_cast<PoolSet&>(pools_).private_pool(pool, "checkpoint_pool");
   PoolCheckpoint checkpoint;
   checkpoint.device = device_;
   checkpoint.pool = pool;
@@ -50,10 +50,10 @@ PoolCheckpoint DeviceCache::checkpoint_pool(PoolId pool) const {
 
 PoolRestore DeviceCache::restore_pool(const PoolCheckpoint& checkpoint) {
   DeviceLock lock(*this);
-  lock_all_shards();
+  shards_.lock_all();
   // Everything is checked before anything changes.
   if (checkpoint.device != device_) refuse(fmt::format("it was taken on device {}, not {}", checkpoint.device, device_));
-  MemoryPool& pool = private_pool(checkpoint.pool, "restore_pool");
+  MemoryPool& pool = pools_.private_pool(checkpoint.pool, "restore_pool");
   if (pool.freeable()) refuse("the pool has no uses left (it is being freed)");
   for (const SegmentLayout& layout : checkpoint.segments) {
     const Segment* segment = segments_.containing(layout.address);
@@ -74,7 +74,7 @@ PoolRestore DeviceCache::restore_pool(const PoolCheckpoint& checkpoint) {
   }
   for (const SegmentLayout& layout : checkpoint.segments) {
     for (const BlockLayout& block : layout.blocks) {
-      if (block.allocated) stream_state(block.stream);  // rejects a stream of another device now
+      if (block.allocated) shards_.get(block.stream);  // rejects a stream of another device now
     }
   }
   if (any_stream_capturing()) refuse("a graph capture is under way on the device");
@@ -126,8 +126,8 @@ PoolRestore DeviceCache::restore_pool(const PoolCheckpoint& checkpoint) {
 
 bool DeviceCache::pool_live_blocks_are(PoolId pool, const std::vector<const void*>& expected) const {
   DeviceLock lock(*this);
-  lock_all_shards();
-  const MemoryPool* target = find_pool(pool);
+  shards_.lock_all();
+  const MemoryPool* target = pools_.find(pool);
   if (target == nullptr) return expected.empty();
   const std::set<const void*> wanted(expected.begin(), expected.end());
   std::size_t live = 0;

@@ -31,34 +31,18 @@ namespace {
 // small one: a piece goes back only whole, and near the cap the OOM path must be able to give back
 // the free parts of what is mapped.
 constexpr std::size_t kLargePieceBytes = 20 * MiB;
-std::size_t piece_bytes(PoolKind kind, std::size_t page, std::size_t bytes, bool near_cap) {
+std::size_t piece_bytes(SizeClass kind, std::size_t page, std::size_t bytes, bool near_cap) {
   if (!near_cap) return bytes;
-  return kind == PoolKind::kLarge ? round_up(kLargePieceBytes, page) : page;
+  return kind == SizeClass::kLarge ? round_up(kLargePieceBytes, page) : page;
 }
 
 }  // namespace
 
-void DeviceCache::set_up_expandable_segments() {
-  if (!options_.expandable_segments) return;
-  if (!backend_.supports_virtual_memory(device_)) {
-    static std::atomic<bool> told{false};
-    if (!told.exchange(true)) {
-      log().warn("expandable_segments: the {} backend has no virtual memory on device {}; the cache uses fixed "
-                 "segments there (docs/options.md)",
-                 backend_.name(), device_);
-    }
-    return;
-  }
-  expandable_page_bytes_ = backend_.vm_granularity(device_);
-}
-
 bool DeviceCache::near_cap(std::size_t growth) const { return segments_.reserved_bytes() + growth > memory_cap() / 2; }
 
-Block* DeviceCache::grow_expandable(PoolKind kind, std::size_t size, Stream stream) {
-  const std::size_t page = expandable_page_bytes_;
-  const auto key = std::make_pair(stream, kind);
-  if (auto found = growing_.find(key); found != growing_.end()) {
-    Segment* segment = found->second;
+Block* DeviceCache::grow_expandable(SizeClass kind, std::size_t size, Stream stream) {
+  const std::size_t page = expandable_.page_bytes();
+  if (Segment* segment = expandable_.growing(stream, kind)) {
     Block* tail = segment->tail;
     // The last block grows when this allocation may take it: free in the lists (not parked, held or
     // pending), and owned by this stream or settled where this stream may take settled blocks. Else
@@ -73,11 +57,11 @@ Block* DeviceCache::grow_expandable(PoolKind kind, std::size_t size, Stream stre
       if (segments_.reserved_bytes() + bytes > memory_cap()) return nullptr;
       Block* added = segments_.grow(segment, bytes, piece_bytes(kind, page, bytes, near_cap(bytes)));
       if (added == nullptr) return nullptr;
-      if (trace_ != nullptr) {
-        trace_events::segment_pages(*trace_, TraceAction::kSegmentMap, device_, *segment, added->address, bytes);
+      if (aids_ != nullptr) {
+        aids_->on_segment_pages(TraceAction::kSegmentMap, *segment, added->address, bytes);
       }
-      ++stats_.num_device_alloc;
-      stat_increase(&DeviceStats::reserved_bytes, kind, static_cast<std::int64_t>(bytes));
+      ledger_.count(&DeviceStats::num_device_alloc);
+      ledger_.increase(&DeviceStats::reserved_bytes, kind, static_cast<std::int64_t>(bytes));
       if (!extend) {
         refresh_split(added->prev);  // a block alone in its segment is split from now on
         insert_free(added);
@@ -96,26 +80,26 @@ Block* DeviceCache::grow_expandable(PoolKind kind, std::size_t size, Stream stre
   if (segments_.reserved_bytes() + bytes > memory_cap()) return nullptr;
   // As PyTorch's, a range can map the whole device, so one segment serves a stream's large blocks; the
   // small blocks' range is an eighth of it, and a full range is followed by a new one.
-  const std::size_t share = kind == PoolKind::kLarge ? device_total_.load() : device_total_.load() / 8;
+  const std::size_t share = kind == SizeClass::kLarge ? device_total_.load() : device_total_.load() / 8;
   const std::size_t range = std::max(bytes, round_up(share, page));
   SegmentSource::Refusal why = SegmentSource::Refusal::kNone;
   Segment* segment =
-      segments_.reserve_expandable(kind, &default_pool_, range, bytes, piece_bytes(kind, page, bytes, near_cap(bytes)),
+      segments_.reserve_expandable(kind, &pools_.default_pool(), range, bytes, piece_bytes(kind, page, bytes, near_cap(bytes)),
                                    stream, &why);
   if (segment == nullptr) {
     // Without address space the memory may still be there: a fixed segment, as without the option.
-    return why == SegmentSource::Refusal::kNoAddressSpace ? reserve_fixed_segment(default_pool_, kind, size, stream)
+    return why == SegmentSource::Refusal::kNoAddressSpace ? reserve_fixed_segment(pools_.default_pool(), kind, size, stream)
                                                           : nullptr;
   }
-  growing_[key] = segment;
+  expandable_.set_growing(stream, kind, segment);
   // As PyTorch's history: maps and unmaps, never segment_alloc/segment_free, for expandable segments.
-  if (trace_ != nullptr) {
-    trace_events::segment_pages(*trace_, TraceAction::kSegmentMap, device_, *segment, segment->address, bytes);
+  if (aids_ != nullptr) {
+    aids_->on_segment_pages(TraceAction::kSegmentMap, *segment, segment->address, bytes);
   }
-  ++default_pool_.segments;
-  ++stats_.num_device_alloc;
-  stat_increase(&DeviceStats::segment, kind, 1);
-  stat_increase(&DeviceStats::reserved_bytes, kind, static_cast<std::int64_t>(bytes));
+  ++pools_.default_pool().segments;
+  ledger_.count(&DeviceStats::num_device_alloc);
+  ledger_.increase(&DeviceStats::segment, kind, 1);
+  ledger_.increase(&DeviceStats::reserved_bytes, kind, static_cast<std::int64_t>(bytes));
   insert_free(segment->head);
   return segment->head;
 }
@@ -136,7 +120,7 @@ std::size_t DeviceCache::trim_expandable(Segment* segment) {
   for (Block* b = segment->head; b != nullptr; b = b->next) {
     if (unmappable(b)) candidates.push_back(b);
   }
-  const PoolKind kind = segment->pool;
+  const SizeClass kind = segment->size_class;
   std::size_t released = 0;
   for (Block* block : candidates) {
     if (block->prev == nullptr && block->next == nullptr) {  // all that is left (every piece): the segment goes
@@ -155,10 +139,10 @@ std::size_t DeviceCache::trim_expandable(Segment* segment) {
       insert_free(block);
       throw;
     }
-    ++stats_.num_device_free;
-    stat_decrease(&DeviceStats::reserved_bytes, kind, static_cast<std::int64_t>(run.bytes));
-    if (trace_ != nullptr) {
-      trace_events::segment_pages(*trace_, TraceAction::kSegmentUnmap, device_, *segment, run.address, run.bytes);
+    ledger_.count(&DeviceStats::num_device_free);
+    ledger_.decrease(&DeviceStats::reserved_bytes, kind, static_cast<std::int64_t>(run.bytes));
+    if (aids_ != nullptr) {
+      aids_->on_segment_pages(TraceAction::kSegmentUnmap, *segment, run.address, run.bytes);
     }
     released += run.bytes;
     if (remains.before != nullptr) insert_free(remains.before);
@@ -175,12 +159,12 @@ std::size_t DeviceCache::trim_expandable(Segment* segment) {
 std::size_t DeviceCache::release_expandable(Segment* segment) {
   Block* only = segment->head;
   const std::size_t bytes = segment->size;
-  const PoolKind kind = segment->pool;
+  const SizeClass kind = segment->size_class;
   MemoryPool* owner = segment->owner;
   const std::uintptr_t at = only->address;
   remove_free(only);
-  if (trace_ != nullptr) {
-    trace_events::segment_pages(*trace_, TraceAction::kSegmentUnmap, device_, *segment, at, bytes);
+  if (aids_ != nullptr) {
+    aids_->on_segment_pages(TraceAction::kSegmentUnmap, *segment, at, bytes);
   }
   try {
     segments_.release(segment);
@@ -188,11 +172,11 @@ std::size_t DeviceCache::release_expandable(Segment* segment) {
     insert_free(only);
     throw;
   }
-  for (auto it = growing_.begin(); it != growing_.end();) it = it->second == segment ? growing_.erase(it) : std::next(it);
+  expandable_.forget(segment);
   --owner->segments;
-  ++stats_.num_device_free;
-  stat_decrease(&DeviceStats::segment, kind, 1);
-  stat_decrease(&DeviceStats::reserved_bytes, kind, static_cast<std::int64_t>(bytes));
+  ledger_.count(&DeviceStats::num_device_free);
+  ledger_.decrease(&DeviceStats::segment, kind, 1);
+  ledger_.decrease(&DeviceStats::reserved_bytes, kind, static_cast<std::int64_t>(bytes));
   return bytes;
 }
 
@@ -202,19 +186,19 @@ std::size_t DeviceCache::release_expandable(Segment* segment) {
 // the shard's lock); a free block counts in inactive_split exactly while it is split.
 void DeviceCache::refresh_split(Block* block) {
   if (block->in_shard) {
-    stream_state(block->stream);  // locks its shard for the rest of the call
+    shards_.get(block->stream);  // locks its shard for the rest of the call
     block->split_in_shard = block->is_split();
   }
   if (block->state != BlockState::kFree) return;
   if (block->is_split()) {
-    count_inactive_split(block);
+    ledger_.count_inactive_split(block);
   } else {
-    uncount_inactive_split(block);
+    ledger_.uncount_inactive_split(block);
   }
 }
 
 void DeviceCache::validate_expandable(const Segment* segment) const {
-  const std::size_t page = expandable_page_bytes_;
+  const std::size_t page = expandable_.page_bytes();
   auto broken = [this](const std::string& what) {
     throw std::logic_error("streamalloc invariant broken on device " + std::to_string(device_) + ": " + what);
   };
@@ -222,7 +206,7 @@ void DeviceCache::validate_expandable(const Segment* segment) const {
     if (!segment->pieces.empty()) broken("a fixed segment records mapped pieces");
     return;
   }
-  if (page == 0 || segment->owner != &default_pool_) broken("an expandable segment outside the default pool");
+  if (page == 0 || !pools_.is_default(segment->owner)) broken("an expandable segment outside the default pool");
   if (segment->address % page != 0 || segment->size == 0 || segment->size % page != 0 ||
       segment->address_range % page != 0 || segment->span() > segment->address_range ||
       (segment->head->address - segment->address) % page != 0 || segment->span() % page != 0) {

@@ -12,14 +12,14 @@ namespace streamalloc {
 
 void DeviceCache::insert_free(Block* block) {
   block->segment->owner->free.insert(block);
-  if (!block->settled) stream_state(block->stream).settle_list.insert(block);
-  count_inactive_split(block);
+  if (!block->settled) shards_.get(block->stream).settle_list.insert(block);
+  ledger_.count_inactive_split(block);
 }
 
 void DeviceCache::remove_free(Block* block) {
   block->segment->owner->free.erase(block);
-  if (!block->settled) stream_state(block->stream).settle_list.remove(block);
-  uncount_inactive_split(block);
+  if (!block->settled) shards_.get(block->stream).settle_list.remove(block);
+  ledger_.uncount_inactive_split(block);
 }
 
 Block* DeviceCache::merge_free_neighbours(Block* block) {
@@ -40,7 +40,7 @@ void DeviceCache::make_available(Block* block) {
 }
 
 void DeviceCache::enter_free_lists(Block* block) {
-  if (stream_state(block->stream).fences.completed_seq() >= block->settle_seq) block->settled = true;
+  if (shards_.get(block->stream).fences.completed_seq() >= block->settle_seq) block->settled = true;
   insert_free(merge_free_neighbours(block));
 }
 
@@ -51,11 +51,11 @@ void DeviceCache::settle(Block* block) {
   insert_free(merge_free_neighbours(block));
 }
 
-void DeviceCache::flush_hot(StreamState& state, std::size_t keep) {
+void DeviceCache::flush_hot(Shard& state, std::size_t keep) {
   auto& hot = state.hot;
   // The oldest blocks leave the list first, on the stack (a flush allocates nothing): the list never
   // holds more than one block past kHotBlocks (free_to_owner flushes it then), so one round does.
-  std::array<Block*, StreamState::kHotBlocks + 1> oldest;
+  std::array<Block*, Shard::kHotBlocks + 1> oldest;
   while (hot.size() > keep) {
     const std::size_t flush = std::min(hot.size() - keep, oldest.size());
     std::copy_n(hot.begin(), flush, oldest.begin());
@@ -66,25 +66,25 @@ void DeviceCache::flush_hot(StreamState& state, std::size_t keep) {
     for (std::size_t k = 0; k < flush; ++k) {
       Block* block = oldest[k];
       block->hot = false;
-      leave_shard(block);
-      uncount_inactive_split(block);
+      shards_.leave(block);
+      ledger_.uncount_inactive_split(block);
       enter_free_lists(block);
     }
   }
 }
 
 void DeviceCache::flush_all_hot() {
-  for (auto& [stream, state] : streams_) {
-    lock_shard(*state);
+  for (auto& [stream, state] : shards_) {
+    shards_.lock(*state);
     flush_hot(*state, 0);
   }
 }
 
 void DeviceCache::flush_thread_hot(std::uintptr_t thread) {
-  for (auto& [stream, state] : streams_) {
-    // `parked` rather than the list itself: the list is the shard lock's, taken only where it flushes.
-    if (state->thread != thread || state->parked.load(std::memory_order_relaxed) == 0) continue;
-    lock_shard(*state);
+  for (auto& [stream, state] : shards_) {
+    // `hot_count` rather than the list itself: the list is the shard lock's, taken only where it flushes.
+    if (state->thread != thread || state->hot_count.load(std::memory_order_relaxed) == 0) continue;
+    shards_.lock(*state);
     flush_hot(*state, 0);
   }
 }
@@ -92,7 +92,7 @@ void DeviceCache::flush_thread_hot(std::uintptr_t thread) {
 // An aid holds the block back from reuse, and may let go of older ones.
 void DeviceCache::hold_back(Block* block) {
   block->held = true;
-  count_inactive_split(block);
+  ledger_.count_inactive_split(block);
   std::vector<Block*> released;
   aids_->hold(block, &released);
   enter_free_lists_after_hold(released);
@@ -109,7 +109,7 @@ void DeviceCache::release_held() {
 void DeviceCache::enter_free_lists_after_hold(const std::vector<Block*>& released) {
   for (Block* b : released) {
     b->held = false;
-    uncount_inactive_split(b);
+    ledger_.uncount_inactive_split(b);
     enter_free_lists(b);
   }
 }

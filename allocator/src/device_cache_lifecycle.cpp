@@ -22,7 +22,7 @@ std::size_t DeviceCache::release_free_segments(std::size_t target_bytes, const M
     if (released >= target_bytes) break;
     MemoryPool* owner = segment->owner;
     if (only != nullptr && owner != only) continue;
-    if (owner != &default_pool_ && !owner->freeable()) continue;
+    if (!pools_.is_default(owner) && !owner->freeable()) continue;
     if (segment->expandable()) {
       released += trim_expandable(segment);
       continue;
@@ -31,17 +31,17 @@ std::size_t DeviceCache::release_free_segments(std::size_t target_bytes, const M
     if (head->in_shard || head->state != BlockState::kFree || !head->settled || head->held || head->next != nullptr) continue;
     remove_free(head);
     --owner->segments;
-    const PoolKind pool = segment->pool;
+    const SizeClass pool = segment->size_class;
     const std::size_t size = segment->size;
-    if (trace_ != nullptr) trace_events::segment(*trace_, TraceAction::kSegmentFree, device_, *segment);
+    if (aids_ != nullptr) aids_->on_segment(TraceAction::kSegmentFree, *segment);
     segments_.release(segment);
-    ++stats_.num_device_free;
+    ledger_.count(&DeviceStats::num_device_free);
     released += size;
-    stat_decrease(&DeviceStats::segment, pool, 1);
-    stat_decrease(&DeviceStats::reserved_bytes, pool, static_cast<std::int64_t>(size));
-    if (size_policy::is_oversize(size, options_)) stats_.oversize_segments.decrease(1);
+    ledger_.decrease(&DeviceStats::segment, pool, 1);
+    ledger_.decrease(&DeviceStats::reserved_bytes, pool, static_cast<std::int64_t>(size));
+    if (size_policy::is_oversize(size, options_)) ledger_.decrease(&DeviceStats::oversize_segments, 1);
   }
-  erase_empty_freeable_pools();
+  pools_.erase_empty_freeable();
   return released;
 }
 
@@ -60,7 +60,7 @@ void DeviceCache::empty_cache(PoolId pool) {
     return;
   }
   DeviceLock lock(*this);
-  MemoryPool* target = find_pool(pool);
+  MemoryPool* target = pools_.find(pool);
   if (target == nullptr || !target->freeable()) return;
   release_held();
   synchronize_all_fences();
@@ -91,8 +91,8 @@ void DeviceCache::release_all() {
   DeviceLock lock(*this);
   flush_all_hot();
   release_held();
-  for (auto& [stream, state] : streams_) {
-    lock_shard(*state);
+  for (auto& [stream, state] : shards_) {
+    shards_.lock(*state);
     Fence fence;
     try {
       while (state->fences.synchronize_oldest(backend_, device_, &fence)) finish_fence(*state, fence);
@@ -101,7 +101,7 @@ void DeviceCache::release_all() {
     }
   }
   release_free_segments(SIZE_MAX, nullptr, /*ask_streams=*/false);
-  if (const std::size_t live = live_count(); live != 0) {
+  if (const std::size_t live = shards_.live_count(); live != 0) {
     log().debug("device {}: {} block(s) still allocated at teardown stay reserved", device_, live);
   }
 }

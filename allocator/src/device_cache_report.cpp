@@ -29,10 +29,8 @@ BlockInfo DeviceCache::describe(const Block* block, Clock::time_point now) const
 
 std::vector<SegmentInfo> DeviceCache::segments() const {
   DeviceLock lock(*this);
-  lock_all_shards();
-  if (trace_ != nullptr) {
-    trace_events::snapshot(*trace_, device_, static_cast<std::size_t>(stats_with_shards().active_bytes[0].current));
-  }
+  shards_.lock_all();
+  if (aids_ != nullptr) aids_->on_snapshot(static_cast<std::size_t>(stats_with_shards().active_bytes[0].current));
   const auto now = Clock::now();
   std::vector<SegmentInfo> out;
   out.reserve(segments_.count());
@@ -46,7 +44,7 @@ std::vector<SegmentInfo> DeviceCache::segments() const {
         info = SegmentInfo{};
         info.device = device_;
         info.address = b->address;
-        info.is_large = segment->pool == PoolKind::kLarge;
+        info.is_large = segment->size_class == SizeClass::kLarge;
         info.stream = segment->stream;
         info.pool = segment->owner->id;
         info.expandable = segment->expandable();
@@ -65,7 +63,7 @@ std::vector<SegmentInfo> DeviceCache::segments() const {
 
 std::size_t DeviceCache::requested_size_of(const void* ptr) const {
   DeviceLock lock(*this);
-  const Block* block = const_cast<DeviceCache*>(this)->find_live(reinterpret_cast<std::uintptr_t>(ptr));
+  const Block* block = const_cast<ShardSet&>(shards_).find_live(reinterpret_cast<std::uintptr_t>(ptr));
   return block == nullptr ? 0 : block->requested;
 }
 
@@ -73,7 +71,7 @@ void DeviceCache::cache_info(std::size_t* largest_free_block, std::size_t* total
   DeviceLock lock(*this);
   std::size_t largest = 0;
   std::size_t total = 0;
-  default_pool_.free.for_each([&](const Block* b) {  // what an allocation outside routes can take
+  pools_.default_pool().free.for_each([&](const Block* b) {  // what an allocation outside routes can take
     largest = std::max(largest, b->size);
     total += b->size;
   });
@@ -108,7 +106,7 @@ void DeviceCache::throw_bad_free(const void* ptr, const char* what) const {
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   const std::string prefix = fmt::format("streamalloc: {}({}) on device {}: ", what, ptr, device_);
   const Segment* segment = segments_.containing(address);
-  lock_all_shards();  // the segment's other blocks may be any stream's
+  shards_.lock_all();  // the segment's other blocks may be any stream's
   if (segment == nullptr) {
     throw Error(ErrorCode::kInvalidArgument,
                 prefix + "the pointer was not allocated by streamalloc on this device (foreign pointer, or the wrong "

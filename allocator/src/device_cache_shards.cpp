@@ -4,7 +4,7 @@
 // changes only between "live in the shard" and "parked in the shard", and the stats they change are
 // the shard's, within the headroom it holds under the device's peaks (shard_stats.hpp). Anything else
 // (a miss, a block with uses, a private pool, a debugging aid, a full hot list, too little headroom, a
-// bad free) returns to the device-locked path, which decides as before; the fast path changes nothing
+// bad free) returns to the device-locked path, which decides; the fast path changes nothing
 // before it knows it can finish.
 #include "device_cache.hpp"
 #include "size_policy.hpp"
@@ -26,14 +26,14 @@ bool unpark_covered(const ShardStats& stats, int pool, std::int64_t size, std::i
 
 bool park_covered(const ShardStats& stats, const Block* block) {
   if (!block->split_in_shard || block->counted_inactive_split) return true;  // no inactive split to count
-  const int pool = pool_index(block->segment->pool);
+  const int pool = class_index(block->segment->size_class);
   return stats.covers(kInactiveSplit, pool, 1) &&
          stats.covers(kInactiveSplitBytes, pool, static_cast<std::int64_t>(block->size));
 }
 
 // account_allocated, less the inactive split it was.
 void account_unparked(ShardStats& stats, Block* block, std::size_t requested) {
-  const int pool = pool_index(block->segment->pool);
+  const int pool = class_index(block->segment->size_class);
   const auto size = static_cast<std::int64_t>(block->size);
   if (block->counted_inactive_split) {
     block->counted_inactive_split = false;
@@ -47,7 +47,7 @@ void account_unparked(ShardStats& stats, Block* block, std::size_t requested) {
 // account_freed and account_inactive (what taking it from the hot list raised), plus the inactive split
 // it becomes.
 void account_parked(ShardStats& stats, Block* block) {
-  const int pool = pool_index(block->segment->pool);
+  const int pool = class_index(block->segment->size_class);
   const auto size = static_cast<std::int64_t>(block->size);
   for_each_unpark_raise(size, static_cast<std::int64_t>(block->requested),
                         [&](FastStat s, std::int64_t amount) { stats.lower(s, pool, amount); });
@@ -60,8 +60,8 @@ void account_parked(ShardStats& stats, Block* block) {
 
 }  // namespace
 
-void* DeviceCache::allocate_parked(StreamState& shard, std::size_t requested) {
-  if (shard.parked.load(std::memory_order_relaxed) == 0) return nullptr;  // nothing parked: not even a look
+void* DeviceCache::allocate_hot(Shard& shard, std::size_t requested) {
+  if (shard.hot_count.load(std::memory_order_relaxed) == 0) return nullptr;  // an empty hot list: not even a look
   // Unknown device size, or a request larger than the device: the device-locked path reports it.
   const std::size_t total = device_total_.load(std::memory_order_relaxed);
   if (total == 0 || requested > total) return nullptr;
@@ -71,17 +71,19 @@ void* DeviceCache::allocate_parked(StreamState& shard, std::size_t requested) {
   // A live table that must grow: the device-locked path grows it (the fast path allocates nothing).
   if (!shard.live.has_room()) return nullptr;
   // A new peak, or headroom left elsewhere: the device-locked path gathers it.
-  if (!unpark_covered(shard.stats, pool_index(size_policy::pool_for(size)), static_cast<std::int64_t>(size),
+  if (!unpark_covered(shard.stats, class_index(size_policy::size_class_for(size)), static_cast<std::int64_t>(size),
                       static_cast<std::int64_t>(requested))) {
     return nullptr;
   }
   Block* block = take_hot(shard, size);
   if (block == nullptr) return nullptr;
-  hand_out_parked(shard, block, requested);
+  reuse_hot(shard, block, requested);
   return reinterpret_cast<void*>(block->address);
 }
 
-void DeviceCache::hand_out_parked(StreamState& shard, Block* block, std::size_t requested) {
+// What both paths do to a block taken from the hot list; the device-locked path (hand_out_hot) adds
+// what the fast path has ruled out before (oversize blocks, aids, the allocation history).
+void DeviceCache::reuse_hot(Shard& shard, Block* block, std::size_t requested) {
   block->hot = false;
   block->state = BlockState::kAllocated;
   block->requested = requested;
@@ -90,26 +92,23 @@ void DeviceCache::hand_out_parked(StreamState& shard, Block* block, std::size_t 
   block->since = coarse_now();
   shard.live.insert(block->address, block);
   account_unparked(shard.stats, block, requested);
-  if (size_policy::is_oversize(block->size, options_)) stats_.oversize_allocations.increase(1);  // device-locked only
-  if (aids_ != nullptr) aids_->on_allocate(*block);
-  if (trace_ != nullptr) trace_events::alloc(*trace_, device_, *block);  // device-locked only: tracing stops the fast path
 }
 
-bool DeviceCache::free_to_shard(StreamState& shard, std::uintptr_t address, std::size_t size_hint) {
+bool DeviceCache::free_to_shard(Shard& shard, std::uintptr_t address, std::size_t size_hint) {
   ShardGuard guard(shard);
   const LiveMap::Found live = shard.live.lookup(address);
   Block* block = live.block;
   if (block == nullptr) return false;  // another stream's block, or a bad free
   if (size_hint != 0 && size_hint != block->requested) return false;
-  if (!block->recorded_streams.empty() || block->segment->owner != &default_pool_ ||
-      size_policy::is_oversize(block->size, options_) || shard.hot.size() >= StreamState::kHotBlocks ||
+  if (!block->recorded_streams.empty() || !pools_.is_default(block->segment->owner) ||
+      size_policy::is_oversize(block->size, options_) || shard.hot.size() >= Shard::kHotBlocks ||
       !park_covered(shard.stats, block)) {
     return false;
   }
   shard.live.erase_at(live);
   account_parked(shard.stats, block);
   block->requested = 0;
-  // `since` keeps the allocation's time: a clock read costs ~9 ns on an H200 host, a sixth of the pair.
+  // `since` keeps the allocation's time: the fast path reads no clock.
   block->state = BlockState::kFree;
   block->settled = false;
   // As free_to_owner: the block joins the stream's open batch, parked until that batch is fenced.

@@ -33,13 +33,13 @@ void check_stat(int device, const char* name, const Stat& stat, std::int64_t exp
 
 void DeviceCache::validate() const {
   DeviceLock lock(*this);
-  lock_all_shards();  // every shard's hot list and live blocks hold still
+  shards_.lock_all();  // every shard's hot list and live blocks hold still
   struct Totals {
     std::int64_t allocation = 0, segment = 0, active = 0, inactive_split = 0;
     std::int64_t allocated_bytes = 0, reserved_bytes = 0, active_bytes = 0, inactive_split_bytes = 0,
                  requested_bytes = 0;
   };
-  Totals pools[kPoolKinds];
+  Totals pools[kSizeClasses];
   std::int64_t pending_blocks = 0, pending_bytes = 0, oversize_allocations = 0, oversize_segments = 0;
   auto oversize = [&](std::size_t size) { return size_policy::is_oversize(size, options_); };
   std::size_t free_blocks[2] = {0, 0};  // unsettled, settled
@@ -50,7 +50,7 @@ void DeviceCache::validate() const {
   // Pending blocks: how many fences (open or in flight) list each one.
   std::map<const Block*, std::uint32_t> fence_refs;
   std::map<Stream, std::pair<std::int64_t, std::int64_t>> per_stream_pending;
-  for (const auto& [stream, state] : streams_) {
+  for (const auto& [stream, state] : shards_) {
     const FenceQueue* q = &state->fences;
     auto count = [&, stream = stream](const Block* b) {  // (a binding cannot be captured before C++20)
       ++fence_refs[b];
@@ -98,23 +98,23 @@ void DeviceCache::validate() const {
     });
     const StreamPending& ps = q->pending_stats();
     const auto& expected = per_stream_pending[stream];
-    check_stat(device_, "per-stream pending_blocks", ps.pending_blocks, expected.first, !accumulated_reset_);
-    check_stat(device_, "per-stream pending_bytes", ps.pending_bytes, expected.second, !accumulated_reset_);
+    check_stat(device_, "per-stream pending_blocks", ps.pending_blocks, expected.first, !ledger_.accumulated_reset());
+    check_stat(device_, "per-stream pending_bytes", ps.pending_bytes, expected.second, !ledger_.accumulated_reset());
   }
 
   // Pools: every segment belongs to a pool the cache knows, and each pool counts its segments.
-  std::map<const MemoryPool*, std::size_t> pool_segments{{&default_pool_, 0}};
-  for (const auto& [id, pool] : private_pools_) {
+  std::map<const MemoryPool*, std::size_t> pool_segments{{&pools_.default_pool(), 0}};
+  for (const auto& [id, pool] : pools_.private_pools()) {
     if (pool->id != id || id.is_default()) broken(device_, "a private pool is filed under the wrong id");
     pool_segments[pool.get()] = 0;
   }
-  for (const Route& route : routes_) {
-    if (pool_segments.count(route.pool) == 0 || route.pool == &default_pool_) {
+  for (const PoolSet::Route& route : pools_.routes()) {
+    if (pool_segments.count(route.pool) == 0 || pools_.is_default(route.pool)) {
       broken(device_, "a route leads to a pool the cache does not hold");
     }
     if (route.pool->use_count < 1) broken(device_, "a routed pool has no use for its route");
   }
-  for (const auto& [block, streams] : capture_uses_) {
+  for (const auto& [block, streams] : fences_.capture_uses()) {
     if (block->state == BlockState::kFree) broken(device_, "a free block still has uses recorded during a capture");
     for (Stream used : streams) {
       const auto& uses = block->recorded_streams;
@@ -136,7 +136,7 @@ void DeviceCache::validate() const {
     reserved += segment->size;
     if (oversize(segment->size) && !segment->expandable()) ++oversize_segments;  // its size is mapped pages
     validate_expandable(segment);
-    Totals& t = pools[pool_index(segment->pool)];
+    Totals& t = pools[class_index(segment->size_class)];
     t.segment += 1;
     t.reserved_bytes += static_cast<std::int64_t>(segment->size);
     std::uintptr_t expected_address = address;
@@ -147,8 +147,8 @@ void DeviceCache::validate() const {
       // Blocks tile a fixed segment; in an expandable one only unmapped whole pages may lie between them.
       if (b->address != expected_address &&
           !(segment->expandable() && b->address > expected_address &&
-            (expected_address - address) % expandable_page_bytes_ == 0 &&
-            (b->address - address) % expandable_page_bytes_ == 0)) {
+            (expected_address - address) % expandable_.page_bytes() == 0 &&
+            (b->address - address) % expandable_.page_bytes() == 0)) {
         broken(device_, "segment " + hex(address) + " is not tiled by its blocks at " + hex(expected_address) +
                             " (a gap or an overlap)");
       }
@@ -158,8 +158,8 @@ void DeviceCache::validate() const {
       const auto size = static_cast<std::int64_t>(b->size);
       const bool in_unsettled = segment->owner->free.contains_owned(const_cast<Block*>(b));
       const bool in_settled = segment->owner->free.contains_settled(const_cast<Block*>(b));
-      const auto shard = streams_.find(b->stream);
-      const Block* live = shard == streams_.end() ? nullptr : shard->second->live.find(b->address);
+      const Shard* shard = shards_.find(b->stream);
+      const Block* live = shard == nullptr ? nullptr : shard->live.find(b->address);
       const bool belongs_in_shard = b->state == BlockState::kAllocated || (b->state == BlockState::kFree && b->hot);
       if (b->in_shard != belongs_in_shard) {
         broken(device_, "block " + hex(b->address) + (b->in_shard ? " is marked as in a shard but is neither live nor hot"
@@ -168,7 +168,7 @@ void DeviceCache::validate() const {
       if (b->in_shard && b->split_in_shard != b->is_split()) {
         broken(device_, "block " + hex(b->address) + " of a shard has a stale split flag");
       }
-      if ((shard_blocks_.find(b->address) == b) != b->in_shard) {
+      if ((shards_.indexed(b->address) == b) != b->in_shard) {
         broken(device_, "block " + hex(b->address) + (b->in_shard ? " is in a shard but not in the index of shard blocks"
                                                                    : " is in the index of shard blocks but in no shard"));
       }
@@ -204,7 +204,7 @@ void DeviceCache::validate() const {
         case BlockState::kFree:
           if (live != nullptr) broken(device_, "free block " + hex(b->address) + " is in the live table");
           if (b->hot) {
-            if (segment->owner != &default_pool_) broken(device_, "hot block " + hex(b->address) + " of a private pool");
+            if (!pools_.is_default(segment->owner)) broken(device_, "hot block " + hex(b->address) + " of a private pool");
             if (in_unsettled || in_settled || b->in_settle_list || b->settled) {
               broken(device_, "hot block " + hex(b->address) + " is also in a free index or settled");
             }
@@ -252,9 +252,9 @@ void DeviceCache::validate() const {
   }
   // Each (stream, size class) grows a segment of its own, which is still there.
   const std::vector<Segment*> all_segments = segments_.all();
-  for (const auto& [key, segment] : growing_) {
+  for (const auto& [key, segment] : expandable_.all_growing()) {
     if (std::find(all_segments.begin(), all_segments.end(), segment) == all_segments.end() ||
-        !segment->expandable() || segment->stream != key.first || segment->pool != key.second) {
+        !segment->expandable() || segment->stream != key.first || segment->size_class != key.second) {
       broken(device_, "the expandable segment a stream grows is not one of its segments");
     }
   }
@@ -262,7 +262,7 @@ void DeviceCache::validate() const {
   if (held != 0 && (aids_ == nullptr || !aids_->holds_blocks())) broken(device_, "a block is held but no aid holds blocks");
   if (reserved != segments_.reserved_bytes()) broken(device_, "reserved byte count disagrees with the segments");
   if (live_blocks != shard_live) broken(device_, "the live table holds blocks that are not in any segment");
-  if (shard_indexed != shard_blocks_.size()) broken(device_, "the index of shard blocks holds blocks of no segment");
+  if (shard_indexed != shards_.indexed_count()) broken(device_, "the index of shard blocks holds blocks of no segment");
   std::size_t indexed[2] = {0, 0};
   for (const auto& [pool, segments] : pool_segments) {
     if (pool->segments != segments) broken(device_, "a pool's segment count disagrees with its segments");
@@ -272,7 +272,7 @@ void DeviceCache::validate() const {
   if (indexed[0] != free_blocks[0] || indexed[1] != free_blocks[1]) broken(device_, "a free index holds stale blocks");
 
   Totals all;
-  for (int p = 1; p < kPoolKinds; ++p) {
+  for (int p = 1; p < kSizeClasses; ++p) {
 #define STREAMALLOC_SUM(name, kind, help) all.name += pools[p].name;
     STREAMALLOC_POOL_STATS(STREAMALLOC_SUM)
 #undef STREAMALLOC_SUM
@@ -280,20 +280,20 @@ void DeviceCache::validate() const {
   pools[0] = all;
   static const char* const kPoolNames[] = {"all", "small_pool", "large_pool"};
   const DeviceStats stats = stats_with_shards();
-  for (int p = 0; p < kPoolKinds; ++p) {
+  for (int p = 0; p < kSizeClasses; ++p) {
 #define STREAMALLOC_CHECK(name, kind, help) \
-  check_stat(device_, (std::string(#name ".") + kPoolNames[p]).c_str(), stats.name[p], pools[p].name, !accumulated_reset_);
+  check_stat(device_, (std::string(#name ".") + kPoolNames[p]).c_str(), stats.name[p], pools[p].name, !ledger_.accumulated_reset());
     STREAMALLOC_POOL_STATS(STREAMALLOC_CHECK)
 #undef STREAMALLOC_CHECK
   }
   // The headroom under each peak of the fast path's stats (shard_stats.hpp): never negative, and with
   // the current it makes up the peak exactly.
   for (int s = 0; s < kFastStats; ++s) {
-    for (int p = 0; p < kPoolKinds; ++p) {
+    for (int p = 0; p < kSizeClasses; ++p) {
       const std::string name = std::string(kFastStatNames[static_cast<std::size_t>(s)]) + "." + kPoolNames[p];
-      std::int64_t headroom = headroom_[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
+      std::int64_t headroom = ledger_.device_headroom(static_cast<FastStat>(s), p);
       if (headroom < 0) broken(device_, name + ": the device's headroom is negative");
-      for (const auto& [stream, state] : streams_) {
+      for (const auto& [stream, state] : shards_) {
         const std::int64_t part = state->stats.headroom[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
         if (part < 0) broken(device_, name + fmt::format(": stream {:#x} has negative headroom", stream));
         headroom += part;
@@ -304,10 +304,10 @@ void DeviceCache::validate() const {
       }
     }
   }
-  check_stat(device_, "pending_blocks", stats_.pending_blocks, pending_blocks, !accumulated_reset_);
-  check_stat(device_, "pending_bytes", stats_.pending_bytes, pending_bytes, !accumulated_reset_);
-  check_stat(device_, "oversize_allocations", stats_.oversize_allocations, oversize_allocations, !accumulated_reset_);
-  check_stat(device_, "oversize_segments", stats_.oversize_segments, oversize_segments, !accumulated_reset_);
+  check_stat(device_, "pending_blocks", ledger_.stats().pending_blocks, pending_blocks, !ledger_.accumulated_reset());
+  check_stat(device_, "pending_bytes", ledger_.stats().pending_bytes, pending_bytes, !ledger_.accumulated_reset());
+  check_stat(device_, "oversize_allocations", ledger_.stats().oversize_allocations, oversize_allocations, !ledger_.accumulated_reset());
+  check_stat(device_, "oversize_segments", ledger_.stats().oversize_segments, oversize_segments, !ledger_.accumulated_reset());
 
   // The aids check their own state: the quarantine against the held blocks, the pending history
   // against each stream's pending stats.
@@ -317,8 +317,8 @@ void DeviceCache::validate() const {
     check.held_blocks = held;
     check.held_bytes = held_bytes;
     check.pending_of = [this](Stream stream) -> const StreamPending* {
-      auto it = streams_.find(stream);
-      return it == streams_.end() ? nullptr : &it->second->fences.pending_stats();
+      const Shard* shard = shards_.find(stream);
+      return shard == nullptr ? nullptr : &shard->fences.pending_stats();
     };
     aids_->validate(check);
   }

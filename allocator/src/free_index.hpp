@@ -16,8 +16,8 @@ class FreeIndex {
   FreeIndex() { spare_.reserve(kSpareNodes); }
 
   // A free block enters and leaves the index at nearly every split, merge, free and reuse, and each
-  // time the set would allocate or free a tree node through the heap: about a tenth of the
-  // device-locked path's instructions. Nodes taken out are kept (up to kSpareNodes) for the next block.
+  // time the set would allocate or free a tree node through the heap, a large part of the device-locked
+  // path's work. Nodes taken out are kept (up to kSpareNodes) for the next block.
   void insert(Block* block, Stream key) {
     block->index_key = key;
     if (spare_.empty()) {

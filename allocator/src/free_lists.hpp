@@ -4,7 +4,7 @@
 // *settled* (its owner's fence completed: no stream can still touch it). Owned blocks are indexed by
 // their owner stream; settled blocks under one shared key, so any stream may take them, except under
 // cross_stream_reuse:never, where settled blocks stay with their stream as in PyTorch's allocator.
-// The cache keeps one FreeLists for its segments; a pool with its own segments would keep its own.
+// Each MemoryPool keeps one FreeLists for its own segments (memory_pool.hpp).
 #pragma once
 
 #include <algorithm>
@@ -23,7 +23,7 @@ class FreeLists {
 
   // Index a free block by its state (settled or owned by block->stream).
   void insert(Block* block) {
-    const int pool = pool_index(block->segment->pool);
+    const int pool = class_index(block->segment->size_class);
     if (block->settled) {
       settled_[pool].insert(block, settled_key(block->stream));
     } else {
@@ -31,7 +31,7 @@ class FreeLists {
     }
   }
   void erase(Block* block) {
-    const int pool = pool_index(block->segment->pool);
+    const int pool = class_index(block->segment->size_class);
     if (block->settled) {
       settled_[pool].erase(block);
     } else {
@@ -40,23 +40,23 @@ class FreeLists {
   }
 
   // The smallest block of at least `size` bytes owned by `stream`, or nullptr.
-  Block* best_owned(PoolKind pool, Stream stream, std::size_t size) const {
-    return owned_[pool_index(pool)].best_fit(stream, size);
+  Block* best_owned(SizeClass pool, Stream stream, std::size_t size) const {
+    return owned_[class_index(pool)].best_fit(stream, size);
   }
   // The smallest settled block of at least `size` bytes that `stream` may take, or nullptr.
-  Block* best_settled(PoolKind pool, Stream stream, std::size_t size) const {
-    return settled_[pool_index(pool)].best_fit(settled_key(stream), size);
+  Block* best_settled(SizeClass pool, Stream stream, std::size_t size) const {
+    return settled_[class_index(pool)].best_fit(settled_key(stream), size);
   }
 
   // The owned (of `stream`) or settled (that `stream` may take) blocks of at least `size` bytes,
   // smallest first, until `visit` returns false.
   template <typename F>
-  void for_each_owned_fit(PoolKind pool, Stream stream, std::size_t size, F&& visit) const {
-    owned_[pool_index(pool)].for_each_fit(stream, size, visit);
+  void for_each_owned_fit(SizeClass pool, Stream stream, std::size_t size, F&& visit) const {
+    owned_[class_index(pool)].for_each_fit(stream, size, visit);
   }
   template <typename F>
-  void for_each_settled_fit(PoolKind pool, Stream stream, std::size_t size, F&& visit) const {
-    settled_[pool_index(pool)].for_each_fit(settled_key(stream), size, visit);
+  void for_each_settled_fit(SizeClass pool, Stream stream, std::size_t size, F&& visit) const {
+    settled_[class_index(pool)].for_each_fit(settled_key(stream), size, visit);
   }
 
   // Merge rule: two address neighbours merge when both are free and indexed (not parked in a hot list,
@@ -103,8 +103,8 @@ class FreeLists {
     return low;
   }
 
-  bool contains_owned(Block* block) const { return owned_[pool_index(block->segment->pool)].contains(block); }
-  bool contains_settled(Block* block) const { return settled_[pool_index(block->segment->pool)].contains(block); }
+  bool contains_owned(Block* block) const { return owned_[class_index(block->segment->size_class)].contains(block); }
+  bool contains_settled(Block* block) const { return settled_[class_index(block->segment->size_class)].contains(block); }
   std::size_t owned_count() const;
   std::size_t settled_count() const;
   template <typename F>
@@ -118,8 +118,8 @@ class FreeLists {
   Stream settled_key(Stream owner) const { return settled_per_stream_ ? owner : 0; }
 
   bool settled_per_stream_;
-  std::array<FreeIndex, kPoolKinds> owned_;    // [pool], keyed by owner stream
-  std::array<FreeIndex, kPoolKinds> settled_;  // [pool], keyed by settled_key()
+  std::array<FreeIndex, kSizeClasses> owned_;    // [pool], keyed by owner stream
+  std::array<FreeIndex, kSizeClasses> settled_;  // [pool], keyed by settled_key()
 };
 
 }  // namespace streamalloc

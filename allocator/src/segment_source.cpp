@@ -18,12 +18,12 @@ SegmentSource::~SegmentSource() {
   }
 }
 
-Segment* SegmentSource::add(std::uintptr_t address, std::size_t bytes, PoolKind pool, MemoryPool* owner,
+Segment* SegmentSource::add(std::uintptr_t address, std::size_t bytes, SizeClass pool, MemoryPool* owner,
                             Stream stream) {
   auto segment = std::make_unique<Segment>();
   segment->address = address;
   segment->size = bytes;
-  segment->pool = pool;
+  segment->size_class = pool;
   segment->owner = owner;
   segment->stream = stream;
   auto* block = new Block;
@@ -42,7 +42,7 @@ Segment* SegmentSource::add(std::uintptr_t address, std::size_t bytes, PoolKind 
   return out;
 }
 
-Segment* SegmentSource::reserve(PoolKind pool, MemoryPool* owner, std::size_t bytes, Stream stream) {
+Segment* SegmentSource::reserve(SizeClass pool, MemoryPool* owner, std::size_t bytes, Stream stream) {
   void* memory = nullptr;
   if (owner != nullptr && owner->segment_allocator) {
     // The pool's own allocator may allocate device memory during a capture, as the backend does.
@@ -92,7 +92,7 @@ bool SegmentSource::map_pieces(std::uintptr_t at, std::size_t bytes, std::size_t
   return true;
 }
 
-Segment* SegmentSource::reserve_expandable(PoolKind pool, MemoryPool* owner, std::size_t range_bytes,
+Segment* SegmentSource::reserve_expandable(SizeClass pool, MemoryPool* owner, std::size_t range_bytes,
                                            std::size_t bytes, std::size_t piece_bytes, Stream stream,
                                            Refusal* why) {
   void* range = backend_.reserve_address_range(device_, range_bytes);

@@ -33,7 +33,7 @@ class SegmentSource {
 
   // A new segment of `bytes` of size class `pool` for memory pool `owner`, reserved for `stream`,
   // holding one free settled block; nullptr when the device has not enough free memory.
-  Segment* reserve(PoolKind pool, MemoryPool* owner, std::size_t bytes, Stream stream);
+  Segment* reserve(SizeClass pool, MemoryPool* owner, std::size_t bytes, Stream stream);
   // Give `segment` back to the device (an expandable one: its pieces unmapped, its range released). It
   // must hold exactly one block (of an expandable segment: all its pieces), which is deleted with it. A
   // backend error changes nothing, except one releasing the range of pages already unmapped: logged,
@@ -47,7 +47,7 @@ class SegmentSource {
   // A new expandable segment: `range_bytes` of addresses, of which the first `bytes` are mapped and
   // hold one free settled block. nullptr, with nothing left reserved or mapped, when the address
   // space or the memory cannot be had (`why` says which).
-  Segment* reserve_expandable(PoolKind pool, MemoryPool* owner, std::size_t range_bytes, std::size_t bytes,
+  Segment* reserve_expandable(SizeClass pool, MemoryPool* owner, std::size_t range_bytes, std::size_t bytes,
                               std::size_t piece_bytes, Stream stream, Refusal* why);
   // Maps `bytes` more after the segment's last block (the range must have room). The new memory is a
   // new free settled block after the last one, in no index, returned; nullptr, nothing mapped, when
@@ -79,7 +79,7 @@ class SegmentSource {
   // Maps [at, at + bytes) in pieces of at most `piece_bytes` and records them in `pieces`. On a refusal
   // returns false, and on an error throws, after unmapping the pieces it did map: nothing stays.
   bool map_pieces(std::uintptr_t at, std::size_t bytes, std::size_t piece_bytes, SegmentPieces* pieces);
-  Segment* add(std::uintptr_t address, std::size_t bytes, PoolKind pool, MemoryPool* owner, Stream stream);
+  Segment* add(std::uintptr_t address, std::size_t bytes, SizeClass pool, MemoryPool* owner, Stream stream);
 
   Backend& backend_;
   const int device_;

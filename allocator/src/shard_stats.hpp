@@ -71,11 +71,11 @@ inline void for_each_unpark_raise(std::int64_t size, std::int64_t requested, F&&
 // Per stat and pool index (0 = all): what only the shard writes, under its lock. Its part of a stat's
 // current value is allocated - freed (reset_accumulated_stats moves it to the device's part first);
 // headroom is how far it may raise the stat without the device lock. One array per field: a raise or
-// a lower then writes cells that are not neighbours, which GCC updates with one add each, where fields
-// side by side (an array of {allocated, freed, headroom}) it paired in vector registers at three times
-// the instructions.
+// a lower then writes cells that are not neighbours, which the compiler updates with one add each;
+// fields side by side (an array of {allocated, freed, headroom}) invite it to pair them in vector
+// registers, which costs more than it saves here.
 struct ShardStats {
-  using Cells = std::array<std::array<std::int64_t, kPoolKinds>, kFastStats>;
+  using Cells = std::array<std::array<std::int64_t, kSizeClasses>, kFastStats>;
   Cells allocated{};
   Cells freed{};
   Cells headroom{};

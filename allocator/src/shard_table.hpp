@@ -1,4 +1,4 @@
-// ShardTable: stream -> its StreamState (the stream's shard), read without any lock by the per-stream
+// ShardTable: stream -> its Shard (the stream's shard), read without any lock by the per-stream
 // fast path, written by one thread at a time (the holder of the device lock).
 //
 // Open addressing over a fixed array: an entry is written once (the stream, then the pointer with
@@ -19,15 +19,15 @@
 
 namespace streamalloc {
 
-struct StreamState;
+struct Shard;
 
 class ShardTable {
  public:
   static constexpr std::size_t kCapacity = 1024;  // a power of two; holds up to kCapacity / 2 streams
 
-  StreamState* find(Stream stream) const {
+  Shard* find(Stream stream) const {
     for (std::size_t i = home(stream), probes = 0; probes < kCapacity; i = next(i), ++probes) {
-      StreamState* shard = slots_[i].shard.load(std::memory_order_acquire);
+      Shard* shard = slots_[i].shard.load(std::memory_order_acquire);
       if (shard == nullptr) return nullptr;
       if (slots_[i].stream.load(std::memory_order_relaxed) == stream) return shard;
     }
@@ -35,7 +35,7 @@ class ShardTable {
   }
 
   // Writer only (one at a time). `stream` must not be in the table. False when the table is full.
-  bool insert(Stream stream, StreamState* shard) {
+  bool insert(Stream stream, Shard* shard) {
     if (2 * (size_ + 1) > kCapacity) return false;
     std::size_t i = home(stream);
     while (slots_[i].shard.load(std::memory_order_relaxed) != nullptr) i = next(i);
@@ -48,7 +48,7 @@ class ShardTable {
  private:
   struct Slot {
     std::atomic<Stream> stream{0};
-    std::atomic<StreamState*> shard{nullptr};
+    std::atomic<Shard*> shard{nullptr};
   };
   // Fibonacci hashing: stream handles are pointers (CUDA) or small counters (the simulated device).
   static std::size_t home(Stream stream) {

@@ -40,9 +40,9 @@ bool may_serve(std::size_t block_size, std::size_t rounded, const Options& optio
   return block_size < rounded + kLargeBuffer;
 }
 
-bool should_split(std::size_t block_size, std::size_t rounded, PoolKind pool, const Options& options) {
+bool should_split(std::size_t block_size, std::size_t rounded, SizeClass pool, const Options& options) {
   const std::size_t remaining = block_size - rounded;
-  if (pool == PoolKind::kSmall) return remaining >= kMinBlockSize;
+  if (pool == SizeClass::kSmall) return remaining >= kMinBlockSize;
   return !is_oversize(rounded, options) && remaining > kSmallSize;
 }
 

@@ -31,7 +31,7 @@ inline std::size_t round_up(std::size_t value, std::size_t multiple) {
 std::size_t round_size_in_divisions(std::size_t requested, std::size_t divisions);
 
 // The size a request occupies: 512-byte multiples, or PyTorch's power-of-two divisions when enabled.
-// Inline, with pool_for: every cached allocation asks.
+// Inline, with size_class_for: every cached allocation asks.
 inline std::size_t round_size(std::size_t requested, const Options& options) {
   if (requested < kMinBlockSize) return kMinBlockSize;
   if (options.roundup_power2_divisions > 1 && requested > kMinBlockSize) {
@@ -39,12 +39,12 @@ inline std::size_t round_size(std::size_t requested, const Options& options) {
   }
   return round_up(requested, kMinBlockSize);
 }
-inline PoolKind pool_for(std::size_t rounded) { return rounded <= kSmallSize ? PoolKind::kSmall : PoolKind::kLarge; }
+inline SizeClass size_class_for(std::size_t rounded) { return rounded <= kSmallSize ? SizeClass::kSmall : SizeClass::kLarge; }
 // Bytes to reserve from the device for a block of `rounded` bytes.
 std::size_t segment_size_for(std::size_t rounded);
 // Whether a free block of `block_size` may serve a request of `rounded` bytes (max_split_size rules).
 bool may_serve(std::size_t block_size, std::size_t rounded, const Options& options);
 // Whether the remainder after carving `rounded` bytes out of `block_size` is worth a block of its own.
-bool should_split(std::size_t block_size, std::size_t rounded, PoolKind pool, const Options& options);
+bool should_split(std::size_t block_size, std::size_t rounded, SizeClass pool, const Options& options);
 
 }  // namespace streamalloc::size_policy

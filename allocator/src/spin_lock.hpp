@@ -1,8 +1,8 @@
-// SpinLock: the lock of critical sections a few dozen instructions long, taken on every cached
-// allocation and free (a stream's shard; device_cache.hpp). One atomic exchange to take it and a plain store to release it, where a std::mutex costs two locked
-// instructions; a waiter spins on a plain load (so the line stays shared until the holder releases)
-// and yields the CPU after a while, so that more threads than cores cannot spin away a preempted
-// holder's time slice.
+// SpinLock: the lock of short critical sections, taken on every cached allocation and free (a
+// stream's shard; device_cache.hpp). One atomic exchange to take it and a plain store to release it,
+// fewer locked instructions than a std::mutex; a waiter spins on a plain load (so the line stays
+// shared until the holder releases) and yields the CPU after a while, so that more threads than cores
+// cannot spin away a preempted holder's time slice.
 #pragma once
 
 #include <atomic>

@@ -10,7 +10,7 @@ namespace streamalloc {
 namespace {
 
 // PyTorch's StatType order: kAggregate, kSmall, kLarge.
-constexpr const char* kPoolNames[kPoolKinds] = {"all", "small_pool", "large_pool"};
+constexpr const char* kPoolNames[kSizeClasses] = {"all", "small_pool", "large_pool"};
 
 void add_stat(std::map<std::string, std::int64_t>& out, const std::string& prefix, const Stat& stat) {
   out[prefix + ".current"] = stat.current;
@@ -20,7 +20,7 @@ void add_stat(std::map<std::string, std::int64_t>& out, const std::string& prefi
 }
 
 void add_pool_stat(std::map<std::string, std::int64_t>& out, const char* name, const StatArray& stats) {
-  for (int pool = 0; pool < kPoolKinds; ++pool) {
+  for (int pool = 0; pool < kSizeClasses; ++pool) {
     add_stat(out, std::string(name) + "." + kPoolNames[pool], stats[static_cast<std::size_t>(pool)]);
   }
 }

@@ -1,6 +1,6 @@
-// The trace entries a DeviceCache sends to its TraceSink, built from its blocks and segments. The cache
-// calls each under its lock, behind `if (trace_ != nullptr)`, so none of this runs while the history is
-// off (docs/design.md, "Allocation history"). Out of line: the cache's hot path keeps only the test.
+// The trace entries a DeviceCache sends to its TraceSink, built from its blocks and segments. The
+// history aid (history_aid.cpp) calls each under the cache's lock, so none of this runs while the history
+// is off (docs/design.md, "Allocation history"). Out of line: the cache's hot path keeps only the test.
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,5 @@
 // libFuzzer target: the input bytes pick a configuration and then an operation sequence, decoded by
-// the same code as the fixed-seed model test (tests/fuzz_ops.hpp), and every invariant is checked
+// the same code as the fixed-seed model test (tests/support/fuzz_ops.hpp), and every invariant is checked
 // after every operation. A failing input prints what broke and the operations that led there, then
 // aborts so libFuzzer saves it; replay with `streamalloc_fuzz crash-<hash>`.
 #include <cstddef>

@@ -1,6 +1,6 @@
 // Virtual memory on a real device: the CUDA backend's address ranges and mappings (cuMemAddressReserve,
 // cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease, cuMemAddressFree) against the
-// Backend contract the simulated device models (tests/test_sim_vmm.cpp): one physical allocation per
+// Backend contract the simulated device models (tests/api/test_sim_vmm.cpp): one physical allocation per
 // map, unmapped only whole, mapped memory is usable, memory_info drops by the mapped bytes and comes
 // back on unmap, a map beyond the free memory returns false and leaks nothing, misuse (cutting a
 // mapping included) is a clear error, mapping and unmap_unused_pages work during a graph capture and

@@ -55,6 +55,10 @@ class Allocator {
   // / deallocate, which then decide and report any error; nothing changes then. Never throws.
   void* allocate_cached(std::size_t size, int device, Stream stream) noexcept;
   bool deallocate_cached(void* ptr, std::size_t size, int device, Stream stream) noexcept;
+  // allocate / deallocate for a caller whose allocate_cached / deallocate_cached with the same
+  // arguments has just returned nullptr / false: the same call, without trying the common case again.
+  void* allocate_after_miss(std::size_t size, int device, Stream stream);
+  void deallocate_after_miss(void* ptr, std::size_t size, int device, Stream stream);
   // Never throws for misuse: calls on the allocation stream, repeated calls and calls on pointers that
   // are not live are counted in the stream stats (and reported by the audit). Throws only when the
   // stream belongs to another device than the block (kInvalidArgument).
@@ -170,6 +174,8 @@ class Allocator {
   bool serves(int device) const;  // not shut down, and `device` exists
   [[noreturn, gnu::noinline, gnu::cold]] void refuse_device(int device) const;  // shut down, or no such device
   int find_device(const void* ptr, int hint) const;
+  // A free on the device the caller named; `tried_cached`: deallocate_cached was tried already.
+  void deallocate_on_named(void* ptr, std::size_t size, int device, Stream stream, bool tried_cached);
   int stream_device_hint(Stream stream) const;  // record_stream's first guess at the stream's device
 
   Options options_;

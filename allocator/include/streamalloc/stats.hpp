@@ -34,7 +34,7 @@ struct Stat {
   void reset_peak() { peak = current; }
 };
 
-using StatArray = std::array<Stat, kPoolKinds>;
+using StatArray = std::array<Stat, kSizeClasses>;
 
 // name, COUNT|SUM, meaning (PyTorch's names; served as torch.cuda.memory_stats() keys)
 #define STREAMALLOC_POOL_STATS(X)                                                         \

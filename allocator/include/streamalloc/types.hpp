@@ -16,10 +16,14 @@ using Stream = std::uintptr_t;
 // An event, as an opaque handle owned by a Backend (cudaEvent_t under CUDA).
 using Event = void*;
 
-// The pools segments come from, indexed as PyTorch's StatType: 0 = aggregate ("all", stats only),
-// 1 = small pool (blocks up to 1 MiB, from 2 MiB segments), 2 = large pool.
-enum class PoolKind : int { kAggregate = 0, kSmall = 1, kLarge = 2 };
-inline constexpr int kPoolKinds = 3;
+// The size classes of blocks and segments, indexed as PyTorch's StatType: 0 = aggregate ("all", stats
+// only), 1 = small (blocks up to 1 MiB, from 2 MiB segments), 2 = large. The stats keys keep PyTorch's
+// names ("small_pool", "large_pool").
+enum class SizeClass : int { kAggregate = 0, kSmall = 1, kLarge = 2 };
+inline constexpr int kSizeClasses = 3;
+// The former names, kept for existing callers.
+using PoolKind = SizeClass;
+inline constexpr int kPoolKinds = kSizeClasses;
 
 inline constexpr std::size_t KiB = 1024;
 inline constexpr std::size_t MiB = 1024 * KiB;

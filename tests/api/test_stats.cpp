@@ -66,11 +66,11 @@ TEST(StatsFlat, HasPyTorchMemoryStatsKeys) {
 
 TEST(StatsFlat, ValuesComeFromTheRightFields) {
   DeviceStats stats;
-  stats.allocated_bytes[static_cast<int>(PoolKind::kAggregate)].increase(3 * MiB);
-  stats.allocated_bytes[static_cast<int>(PoolKind::kLarge)].increase(2 * MiB);
-  stats.allocated_bytes[static_cast<int>(PoolKind::kSmall)].increase(MiB);
-  stats.allocated_bytes[static_cast<int>(PoolKind::kSmall)].decrease(512);
-  stats.segment[static_cast<int>(PoolKind::kLarge)].increase(2);
+  stats.allocated_bytes[static_cast<int>(SizeClass::kAggregate)].increase(3 * MiB);
+  stats.allocated_bytes[static_cast<int>(SizeClass::kLarge)].increase(2 * MiB);
+  stats.allocated_bytes[static_cast<int>(SizeClass::kSmall)].increase(MiB);
+  stats.allocated_bytes[static_cast<int>(SizeClass::kSmall)].decrease(512);
+  stats.segment[static_cast<int>(SizeClass::kLarge)].increase(2);
   stats.num_ooms = 3;
   stats.num_device_free = 4;
   stats.oversize_allocations.increase(7);

@@ -16,7 +16,7 @@ constexpr Stream kB = 0x20;
 struct Tiling {
   Tiling(std::initializer_list<std::pair<std::size_t, Stream>> blocks) {
     segment.address = 0x100000;
-    segment.pool = PoolKind::kLarge;
+    segment.size_class = SizeClass::kLarge;
     std::uintptr_t address = segment.address;
     Block* prev = nullptr;
     for (const auto& [size, owner] : blocks) {
@@ -55,10 +55,10 @@ TEST(FreeLists, OwnedBlocksServeOnlyTheirStreamSettledBlocksServeAny) {
   FreeLists lists(CrossStreamReuse::kSettled);
   lists.insert(t.at(0));
   lists.insert(t.at(1));
-  EXPECT_EQ(lists.best_owned(PoolKind::kLarge, kA, 4096), t.at(0));
-  EXPECT_EQ(lists.best_owned(PoolKind::kLarge, kB, 4096), nullptr);
-  EXPECT_EQ(lists.best_settled(PoolKind::kLarge, kB, 4096), t.at(1));
-  EXPECT_EQ(lists.best_settled(PoolKind::kLarge, kA, 8193), nullptr);
+  EXPECT_EQ(lists.best_owned(SizeClass::kLarge, kA, 4096), t.at(0));
+  EXPECT_EQ(lists.best_owned(SizeClass::kLarge, kB, 4096), nullptr);
+  EXPECT_EQ(lists.best_settled(SizeClass::kLarge, kB, 4096), t.at(1));
+  EXPECT_EQ(lists.best_settled(SizeClass::kLarge, kA, 8193), nullptr);
   EXPECT_EQ(lists.owned_count(), 1u);
   EXPECT_EQ(lists.settled_count(), 1u);
   lists.erase(t.at(0));
@@ -70,8 +70,8 @@ TEST(FreeLists, NeverPolicyKeepsSettledBlocksWithTheirStream) {
   Tiling t({{4096, 0}});  // settled, last owned by kA
   FreeLists lists(CrossStreamReuse::kNever);
   lists.insert(t.at(0));
-  EXPECT_EQ(lists.best_settled(PoolKind::kLarge, kA, 4096), t.at(0));
-  EXPECT_EQ(lists.best_settled(PoolKind::kLarge, kB, 4096), nullptr);
+  EXPECT_EQ(lists.best_settled(SizeClass::kLarge, kA, 4096), t.at(0));
+  EXPECT_EQ(lists.best_settled(SizeClass::kLarge, kB, 4096), nullptr);
   lists.erase(t.at(0));
 }
 

@@ -1,4 +1,4 @@
-// StreamState: what a device cache keeps per stream it has seen, its *shard*: the stream's fences, its
+// Shard: what a device cache keeps per stream it has seen, its *shard*: the stream's fences, its
 // hot list, its live blocks, and the settle list of the free blocks it owns. The shard has its own
 // lock, so that the common path (an allocation served from the stream's hot list, a free of a block
 // without other uses back to it) takes that lock alone and never the device lock (docs/design.md,
@@ -45,14 +45,14 @@ class SettleList {
 // the device lock guards the rest. Whatever the fast path reads is written only under both locks, so
 // either lock suffices to read it. Cache-line aligned: each stream's fast path writes only its own
 // shard, and no other shard's fields may share a line with it.
-struct alignas(kCacheLine) StreamState {
+struct alignas(kCacheLine) Shard {
   // The hot list's room is reserved once: the device-locked free pushes one block past kHotBlocks
   // before it flushes, so the list never reallocates and the fast path's push never allocates.
-  explicit StreamState(Stream stream) : fences(stream) { hot.reserve(kHotBlocks + 1); }
+  explicit Shard(Stream stream) : fences(stream) { hot.reserve(kHotBlocks + 1); }
   Stream stream() const { return fences.stream(); }
 
   // A spin lock: uncontended unless threads share the stream or a device-locked call holds it (then
-  // waiters yield), and one locked instruction per fast path where a std::mutex costs two and a call.
+  // waiters yield), and fewer locked instructions per fast path than a std::mutex.
   SpinLock lock;
   FenceQueue fences;
   // Blocks just freed on this stream, kept unmerged so that the next allocation of the same size takes
@@ -60,10 +60,10 @@ struct alignas(kCacheLine) StreamState {
   static constexpr std::size_t kHotBlocks = 8;
   std::vector<Block*, CacheLineAllocator<Block*>> hot;
   // hot.size(), republished under the lock after every change (publish_hot) so that an allocation
-  // can see without the lock that nothing is parked, and go straight to the device-locked path. A
+  // can see without the lock that the hot list is empty, and go straight to the device-locked path. A
   // stale value only sends it the long way round or into the lock for nothing.
-  std::atomic<std::uint32_t> parked{0};
-  void publish_hot() { parked.store(static_cast<std::uint32_t>(hot.size()), std::memory_order_relaxed); }
+  std::atomic<std::uint32_t> hot_count{0};
+  void publish_hot() { hot_count.store(static_cast<std::uint32_t>(hot.size()), std::memory_order_relaxed); }
   // The newest hot block of exactly `size` bytes, out of the list; nullptr when none. The block stays
   // in the shard (still hot): handing it out makes it live there. Inline: every cached allocation.
   Block* take_hot(std::size_t size) {

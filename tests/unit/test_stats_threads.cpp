@@ -24,43 +24,23 @@
 #include "size_policy.hpp"
 #include "streamalloc/allocator.hpp"
 #include "sim_fixture.hpp"
+#include "threads.hpp"
 #include "streamalloc/sim_backend.hpp"
 
 namespace streamalloc {
 namespace {
 
+using testing_support::Barrier;
+
 constexpr int kThreads = 4;
 
-// All of `count` threads wait until the last arrives; reusable round after round.
-class Barrier {
- public:
-  explicit Barrier(int count) : count_(count) {}
-  void arrive_and_wait() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    const long round = round_;
-    if (++arrived_ == count_) {
-      arrived_ = 0;
-      ++round_;
-      all_arrived_.notify_all();
-      return;
-    }
-    all_arrived_.wait(lock, [&] { return round_ != round; });
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable all_arrived_;
-  const int count_;
-  int arrived_ = 0;
-  long round_ = 0;
-};
 constexpr int kStreamsPerThread = 2;
 constexpr int kPairs = 20000;
 
 // What one thread did, to compare with the totals.
 struct Done {
-  std::array<std::int64_t, kPoolKinds> allocations{};
-  std::array<std::int64_t, kPoolKinds> requested{};
+  std::array<std::int64_t, kSizeClasses> allocations{};
+  std::array<std::int64_t, kSizeClasses> requested{};
   std::string failure;
 };
 
@@ -88,7 +68,7 @@ class StatsUnderThreads : public ::testing::Test {
             const Stream on = rng() % 2 == 0 ? a : b;
             void* ptr = allocator_->allocate(size, 0, on);
             const std::size_t rounded = size_policy::round_size(size, options_);
-            for (const int p : {0, static_cast<int>(size_policy::pool_for(rounded))}) {
+            for (const int p : {0, static_cast<int>(size_policy::size_class_for(rounded))}) {
               ++mine.allocations[static_cast<std::size_t>(p)];
               mine.requested[static_cast<std::size_t>(p)] += static_cast<std::int64_t>(size);
             }
@@ -123,7 +103,7 @@ TEST_F(StatsUnderThreads, AccumulatedTotalsAreExactOnceTheThreadsStop) {
     allocator_->synchronize_fences();  // nothing pending: every freed block is inactive again
     ASSERT_NO_THROW(allocator_->validate());
     const DeviceStats after = allocator_->stats(0);
-    for (std::size_t p = 0; p < kPoolKinds; ++p) {
+    for (std::size_t p = 0; p < kSizeClasses; ++p) {
       std::int64_t allocations = 0, requested = 0;
       for (const Done& d : done) {
         allocations += d.allocations[p];

@@ -1,4 +1,4 @@
-#include "stream_state.hpp"
+#include "shard.hpp"
 
 namespace streamalloc {
 

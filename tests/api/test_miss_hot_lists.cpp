@@ -13,47 +13,13 @@
 #include <vector>
 
 #include "sim_fixture.hpp"
+#include "threads.hpp"
 #include "streamalloc/allocator.hpp"
 
 namespace streamalloc {
 namespace {
 
-// Runs functions on one thread of its own, one at a time, each to its end before run() returns.
-class Worker {
- public:
-  Worker() : thread_([this] { loop(); }) {}
-  ~Worker() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    thread_.join();
-  }
-  void run(std::function<void()> work) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    work_ = std::move(work);
-    wake_.notify_all();
-    wake_.wait(lock, [this] { return !work_; });
-  }
-
- private:
-  void loop() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    for (;;) {
-      wake_.wait(lock, [this] { return stop_ || static_cast<bool>(work_); });
-      if (stop_) return;
-      work_();
-      work_ = nullptr;
-      wake_.notify_all();
-    }
-  }
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::function<void()> work_;
-  bool stop_ = false;
-  std::thread thread_;  // last: started once the members it uses exist
-};
+using testing_support::Worker;
 
 class MissHotLists : public ::testing::Test {
  protected:

@@ -1,5 +1,5 @@
 // Model-based random testing of Allocator: fixed-seed operation sequences on a manual SimBackend,
-// checked against the reference model after every step (tests/fuzz_ops.hpp says what is checked).
+// checked against the reference model after every step (tests/support/fuzz_ops.hpp says what is checked).
 //
 // The default run is at least 10^6 operations over all cases; STREAMALLOC_FUZZ_OPS=N sets the
 // operations per case (e.g. 2000 for a quick run, 10000000 for a soak), and STREAMALLOC_FUZZ_SEED=K

@@ -57,7 +57,7 @@ class Shards : public ::testing::Test {
   // segment's worth would remain.
   std::int64_t most_bytes(std::size_t requested) const {
     const std::size_t size = rounded(requested);
-    return static_cast<std::int64_t>(size_policy::pool_for(size) == PoolKind::kLarge ? size + size_policy::kSmallSize : size);
+    return static_cast<std::int64_t>(size_policy::size_class_for(size) == SizeClass::kLarge ? size + size_policy::kSmallSize : size);
   }
 
   // The simulated device in eager mode (work runs as it is enqueued), room for every thread's blocks.

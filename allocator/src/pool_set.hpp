@@ -1,0 +1,64 @@
+// PoolSet: the memory pools of one device cache and the routes into them (docs/design.md, "Pools"):
+// the default pool, the private pools by id, and the open routes, oldest first. A private pool lives
+// while it has uses (each owner and each open route holds one); at none it is freeable, and the cache
+// erases it once it holds no segment. Routes are consulted newest first; their filters run on the
+// allocating thread, under the device lock (every method runs under it).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "memory_pool.hpp"
+#include "streamalloc/options.hpp"
+#include "streamalloc/pools.hpp"
+
+namespace streamalloc {
+
+class PoolSet {
+ public:
+  struct Route {
+    MemoryPool* pool;
+    PoolFilter filter;
+  };
+  using PrivatePools = std::map<PoolId, std::unique_ptr<MemoryPool>>;
+
+  // `device` names the device in error messages; `policy` is every pool's cross-stream reuse.
+  PoolSet(int device, CrossStreamReuse policy) : device_(device), policy_(policy), default_(PoolId{}, policy) {}
+  PoolSet(const PoolSet&) = delete;
+  PoolSet& operator=(const PoolSet&) = delete;
+
+  MemoryPool& default_pool() { return default_; }
+  const MemoryPool& default_pool() const { return default_; }
+  bool is_default(const MemoryPool* pool) const { return pool == &default_; }
+  const PrivatePools& private_pools() const { return private_; }
+
+  // The pool an allocation on `stream` comes from: the newest open route whose filter accepts the
+  // stream, else the default pool. Inline: without routes it is one test.
+  MemoryPool& pool_for(Stream stream) { return routes_.empty() ? default_ : routed_pool(stream); }
+  bool has_routes() const { return !routes_.empty(); }
+  const std::vector<Route>& routes() const { return routes_; }
+  // Opens a route to private pool `pool` (created with no use if new), which gains a use; refuses the
+  // default pool, a missing filter, and a pool already routed to (nothing changes then).
+  void open_route(PoolId pool, PoolFilter filter);
+  // Closes the route to `pool` (its use stays: the owner releases it); refuses a pool not routed to.
+  void close_route(PoolId pool);
+
+  MemoryPool* find(PoolId pool);  // the default pool too; nullptr when there is no such pool
+  const MemoryPool* find(PoolId pool) const { return const_cast<PoolSet*>(this)->find(pool); }
+  // A private pool that exists; refuses unknown and default pools, naming `operation`.
+  MemoryPool& private_pool(PoolId pool, const char* operation);
+  MemoryPool& add_use(PoolId pool);  // a private pool, created with no use if new, gains one
+  void erase_empty_freeable();       // private pools without uses or segments
+
+ private:
+  MemoryPool& routed_pool(Stream stream);
+
+  const int device_;
+  const CrossStreamReuse policy_;
+  MemoryPool default_;  // free blocks of the default pool's segments, owned or settled
+  PrivatePools private_;
+  std::vector<Route> routes_;  // open routes, oldest first
+};
+
+}  // namespace streamalloc

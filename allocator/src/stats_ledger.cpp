@@ -1,0 +1,130 @@
+// StatsLedger: the out-of-line part of the device's stats (stats_ledger.hpp).
+#include "stats_ledger.hpp"
+
+namespace streamalloc {
+
+// Spends the device's headroom; when it falls short, the shards'; what is still missing raises the
+// peak, to exactly the device's current after the increase (every shard is locked then).
+void StatsLedger::draw_headroom(FastStat s, int p, std::int64_t amount) {
+  std::int64_t& headroom = headroom_[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
+  if (headroom < amount) donors_.gather_headroom(s, p, amount, headroom);
+  if (headroom < amount) {
+    (stats_.*kFastStatFields[static_cast<std::size_t>(s)])[static_cast<std::size_t>(p)].peak += amount - headroom;
+    headroom = amount;
+  }
+  headroom -= amount;
+}
+
+// The shard's fast path found a hot block but not the headroom to take it (a new peak, or headroom
+// that frees on the device-locked path or on other streams left elsewhere). What the shard lacks comes
+// from the device's headroom, then every shard's, then a higher peak; only what it lacks, so that
+// headroom does not pile up where no allocation will use it.
+void StatsLedger::give_headroom_for_unpark(ShardStats& shard, const Block* block, std::size_t requested) {
+  const int size_class = class_index(block->segment->size_class);
+  const auto give = [&](FastStat s, std::int64_t amount) {
+    for (const int p : {0, size_class}) {
+      std::int64_t& own = shard.headroom[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
+      if (own >= amount) continue;
+      // The shard's own headroom is set aside meanwhile, so that the gathering does not count it twice.
+      const std::int64_t lacking = amount - own;
+      own = 0;
+      draw_headroom(s, p, lacking);
+      own = amount;
+    }
+  };
+  for_each_unpark_raise(static_cast<std::int64_t>(block->size), static_cast<std::int64_t>(requested), give);
+}
+
+// A device-locked allocation spends its stream's shard's headroom first (`shard`, locked), where a
+// free with uses returned it (account_freed), then the device's and the other shards'.
+void StatsLedger::account_allocated(ShardStats& shard, const Block* block, std::size_t requested) {
+  const SizeClass size_class = block->segment->size_class;
+  const auto size = static_cast<std::int64_t>(block->size);
+  fast_increase(kAllocation, size_class, 1, &shard);
+  fast_increase(kAllocatedBytes, size_class, size, &shard);
+  fast_increase(kRequestedBytes, size_class, static_cast<std::int64_t>(requested), &shard);
+  fast_increase(kActive, size_class, 1, &shard);
+  fast_increase(kActiveBytes, size_class, size, &shard);
+}
+
+// Which headroom a free returns: a block freed with uses (the frees of a cross-stream loop) comes
+// back to its allocation stream after its fences, parked in that stream's hot list where it can
+// (DeviceCache::park_released), and the stream's next allocation takes it on the fast path; so its free
+// and its release give their headroom to the stream's shard, which that allocation draws. Other
+// device-locked frees give it to the device (`shard` null): a shard keeps what its own fast path
+// returns, and headroom given to shards whose streams allocate on the device-locked path would have to
+// be gathered back from every shard, at a cost that grows with the number of streams.
+void StatsLedger::account_freed(const Block* block, ShardStats* shard) {
+  const SizeClass size_class = block->segment->size_class;
+  fast_decrease(kAllocation, size_class, 1, shard);
+  fast_decrease(kAllocatedBytes, size_class, static_cast<std::int64_t>(block->size), shard);
+}
+
+// Requested bytes stay counted while a freed block is pending, as PyTorch counts them until the
+// block's events complete (requested_bytes follows active blocks, not allocated ones).
+void StatsLedger::account_inactive(Block* block, ShardStats* shard) {
+  const SizeClass size_class = block->segment->size_class;
+  fast_decrease(kActive, size_class, 1, shard);
+  fast_decrease(kActiveBytes, size_class, static_cast<std::int64_t>(block->size), shard);
+  fast_decrease(kRequestedBytes, size_class, static_cast<std::int64_t>(block->requested), shard);
+  block->requested = 0;
+}
+
+void StatsLedger::add_shard_part(DeviceStats& sum, const ShardStats& part) {
+  for (int s = 0; s < kFastStats; ++s) {
+    StatArray& total = sum.*kFastStatFields[static_cast<std::size_t>(s)];
+    for (std::size_t p = 0; p < total.size(); ++p) {
+      const auto i = static_cast<std::size_t>(s);
+      total[p].current += part.current(i, p);
+      total[p].allocated += part.allocated[i][p];
+      total[p].freed += part.freed[i][p];
+    }
+  }
+}
+
+// Every Stat the ledger keeps, for the two resets.
+template <typename F>
+void StatsLedger::for_each_stat(F&& visit) {
+#define STREAMALLOC_VISIT(name, kind, help) \
+  for (Stat & s : stats_.name) visit(s);
+  STREAMALLOC_POOL_STATS(STREAMALLOC_VISIT)
+#undef STREAMALLOC_VISIT
+  for (Stat* s : {&stats_.pending_blocks, &stats_.pending_bytes, &stats_.oversize_allocations,
+                  &stats_.oversize_segments}) {
+    visit(*s);
+  }
+}
+
+void StatsLedger::reset_peaks(const DeviceStats& now) {
+  for_each_stat([](Stat& s) { s.reset_peak(); });
+  for (int s = 0; s < kFastStats; ++s) {
+    StatArray& stat = stats_.*kFastStatFields[static_cast<std::size_t>(s)];
+    const StatArray& current = now.*kFastStatFields[static_cast<std::size_t>(s)];
+    for (std::size_t p = 0; p < stat.size(); ++p) stat[p].peak = current[p].current;
+    headroom_[static_cast<std::size_t>(s)].fill(0);
+  }
+}
+
+void StatsLedger::fold_shard_part(ShardStats& part) {
+  for (int s = 0; s < kFastStats; ++s) {
+    StatArray& stat = stats_.*kFastStatFields[static_cast<std::size_t>(s)];
+    for (std::size_t p = 0; p < stat.size(); ++p) {
+      const auto i = static_cast<std::size_t>(s);
+      stat[p].current += part.current(i, p);
+      part.allocated[i][p] = part.freed[i][p] = 0;
+    }
+  }
+}
+
+void StatsLedger::reset_accumulated() {
+  for_each_stat([](Stat& s) { s.reset_accumulated(); });
+#define STREAMALLOC_RESET_COUNT(name, help) stats_.name = 0;
+  STREAMALLOC_EVENT_COUNTS(STREAMALLOC_RESET_COUNT)
+  STREAMALLOC_STREAM_COUNTS(STREAMALLOC_RESET_COUNT)
+#undef STREAMALLOC_RESET_COUNT
+  stats_.free_to_reusable_us.fill(0);
+  lock_wait_ticks_ = lock_held_ticks_ = 0;
+  accumulated_reset_ = true;
+}
+
+}  // namespace streamalloc

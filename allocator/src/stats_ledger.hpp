@@ -1,0 +1,175 @@
+// StatsLedger: the stats of one device cache, as the device keeps them: the counts, the stats only
+// device-locked code changes, the device's part of the stats the fast path changes too, the device's
+// headroom under their peaks (shard_stats.hpp says how headroom keeps the peaks exact), and the device
+// lock's wait and hold times. Each shard keeps its own part (ShardStats); the ledger reaches the shards
+// only through HeadroomDonors, when the device's headroom falls short.
+//
+// Every method runs under the device lock; the ShardStats passed in are locked by the caller.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+
+#include "block.hpp"
+#include "shard_stats.hpp"
+#include "streamalloc/stats.hpp"
+
+namespace streamalloc {
+
+// Where the ledger finds headroom when the device's own falls short: the shards, each locked (until
+// the device-locked call returns) as it is asked.
+class HeadroomDonors {
+ public:
+  // Moves donors' headroom of `s` at class index `p` into `device` until it holds `needed` or every
+  // donor has given all it has.
+  virtual void gather_headroom(FastStat s, int p, std::int64_t needed, std::int64_t& device) = 0;
+
+ protected:
+  ~HeadroomDonors() = default;
+};
+
+class StatsLedger {
+ public:
+  using Headroom = std::array<std::array<std::int64_t, kSizeClasses>, kFastStats>;
+
+  explicit StatsLedger(HeadroomDonors& donors) : donors_(donors) {}
+  StatsLedger(const StatsLedger&) = delete;
+  StatsLedger& operator=(const StatsLedger&) = delete;
+
+  // The device's part: every stat, and of the fast path's stats the device-locked part of current and
+  // the totals, and the peak.
+  const DeviceStats& stats() const { return stats_; }
+  void set_max_split_size(std::int64_t bytes) { stats_.max_split_size = bytes; }
+
+  // ---- counts and the stats only device-locked code changes
+  void count(std::int64_t DeviceStats::*field, std::int64_t n = 1) { stats_.*field += n; }
+  void increase(Stat DeviceStats::*field, std::int64_t amount) { (stats_.*field).increase(amount); }
+  void decrease(Stat DeviceStats::*field, std::int64_t amount) { (stats_.*field).decrease(amount); }
+  // The aggregate and the size class move together. Never for the stats the fast path changes.
+  void increase(StatArray DeviceStats::*field, SizeClass size_class, std::int64_t amount) {
+    (stats_.*field)[0].increase(amount);
+    (stats_.*field)[class_index(size_class)].increase(amount);
+  }
+  void decrease(StatArray DeviceStats::*field, SizeClass size_class, std::int64_t amount) {
+    (stats_.*field)[0].decrease(amount);
+    (stats_.*field)[class_index(size_class)].decrease(amount);
+  }
+  // A pending block became reusable `waited` after its free: one more in its latency bucket.
+  void note_free_to_reusable(std::chrono::microseconds waited) {
+    for (std::size_t i = 0; i < kLatencyBucketUs.size(); ++i) {
+      if (waited.count() < kLatencyBucketUs[i]) {
+        ++stats_.free_to_reusable_us[i];
+        break;
+      }
+    }
+  }
+
+  // ---- the stats the fast path changes too, changed by device-locked code
+  // The device's part of `current`, its headroom, and, when every shard's headroom falls short, the
+  // peak. Inline for the common case, the device's headroom covering the increase in total and in the
+  // size class; drawing it from the shards or a new peak is out of line, so that the common case saves
+  // no registers. `shard` (locked), when given: its headroom is spent before the device's, and a
+  // decrease returns it there.
+  void fast_increase(FastStat s, SizeClass size_class, std::int64_t amount, ShardStats* shard = nullptr) {
+    const auto i = static_cast<std::size_t>(s);
+    const auto q = static_cast<std::size_t>(class_index(size_class));
+    const auto covers = [&](const std::array<std::int64_t, kSizeClasses>& r) {
+      return r[0] >= amount && r[q] >= amount;
+    };
+    std::array<std::int64_t, kSizeClasses>& room =
+        shard != nullptr && covers(shard->headroom[i]) ? shard->headroom[i] : headroom_[i];
+    if (__builtin_expect(covers(room), 1)) {
+      room[0] -= amount;
+      room[q] -= amount;
+    } else {
+      draw_headroom_for_increase(s, static_cast<int>(q), amount);
+    }
+    StatArray& stat = stats_.*kFastStatFields[i];
+    stat[0].current += amount;
+    stat[0].allocated += amount;
+    stat[q].current += amount;
+    stat[q].allocated += amount;
+  }
+  void fast_decrease(FastStat s, SizeClass size_class, std::int64_t amount, ShardStats* shard = nullptr) {
+    const auto i = static_cast<std::size_t>(s);
+    const auto q = static_cast<std::size_t>(class_index(size_class));
+    std::array<std::int64_t, kSizeClasses>& room = shard != nullptr ? shard->headroom[i] : headroom_[i];
+    room[0] += amount;
+    room[q] += amount;
+    StatArray& stat = stats_.*kFastStatFields[i];
+    stat[0].current -= amount;
+    stat[0].freed += amount;
+    stat[q].current -= amount;
+    stat[q].freed += amount;
+  }
+
+  // A block handed out (and active), spending `shard`'s headroom first (stats_ledger.cpp says why).
+  void account_allocated(ShardStats& shard, const Block* block, std::size_t requested);
+  // No longer allocated / no longer active (its requested bytes leave the stats). The headroom they
+  // return goes to `shard` (locked) when given, else to the device's.
+  void account_freed(const Block* block, ShardStats* shard);
+  void account_inactive(Block* block, ShardStats* shard);
+  // A free block inside a segment that is not entirely free counts as an inactive split (PyTorch's
+  // definition); the block's flag makes counting idempotent. Inline: every device-locked alloc and
+  // free passes here. `split`: the block's is_split() (a shard's block passes split_in_shard).
+  void count_inactive_split(Block* block, bool split, ShardStats* shard = nullptr) {
+    if (block->counted_inactive_split || !split) return;
+    block->counted_inactive_split = true;
+    fast_increase(kInactiveSplit, block->segment->size_class, 1, shard);
+    fast_increase(kInactiveSplitBytes, block->segment->size_class, static_cast<std::int64_t>(block->size), shard);
+  }
+  void count_inactive_split(Block* block) { count_inactive_split(block, block->is_split()); }
+  void uncount_inactive_split(Block* block) {
+    if (!block->counted_inactive_split) return;
+    block->counted_inactive_split = false;
+    fast_decrease(kInactiveSplit, block->segment->size_class, 1);
+    fast_decrease(kInactiveSplitBytes, block->segment->size_class, static_cast<std::int64_t>(block->size));
+  }
+  // Gives `shard` enough headroom to take `block` from its hot list for `requested` bytes, from the
+  // device's headroom, every shard's, or by raising the peak.
+  void give_headroom_for_unpark(ShardStats& shard, const Block* block, std::size_t requested);
+
+  // ---- the whole ledger (the device lock and every shard lock held)
+  // Adds a shard's part of the fast path's stats to `sum` (the device's stats, or a copy of them).
+  static void add_shard_part(DeviceStats& sum, const ShardStats& part);
+  // The fast path's stats' peaks restart at `now` (the device's current with every shard's part) and
+  // the device's headroom is gone; every other Stat's peak restarts at its current.
+  void reset_peaks(const DeviceStats& now);
+  // Moves a shard's part of current into the device's, leaving the shard's totals at zero.
+  void fold_shard_part(ShardStats& part);
+  // Totals and counts restart at zero; from then on allocated - freed == current no longer holds.
+  void reset_accumulated();
+  bool accumulated_reset() const { return accumulated_reset_; }
+  std::int64_t device_headroom(FastStat s, int p) const {
+    return headroom_[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
+  }
+
+  // ---- the device lock's times, in cycle_clock ticks (DeviceLock writes them under the lock)
+  void add_lock_wait(std::uint64_t ticks) const { lock_wait_ticks_ += ticks; }
+  void add_lock_held(std::uint64_t ticks) const { lock_held_ticks_ += ticks; }
+  std::uint64_t lock_wait_ticks() const { return lock_wait_ticks_; }
+  std::uint64_t lock_held_ticks() const { return lock_held_ticks_; }
+
+ private:
+  // fast_increase's draw of `amount` of headroom in total and at class index `q` when the device's own
+  // falls short of either.
+  [[gnu::noinline]] void draw_headroom_for_increase(FastStat s, int q, std::int64_t amount) {
+    draw_headroom(s, 0, amount);
+    draw_headroom(s, q, amount);
+  }
+  // Takes `amount` of the device's headroom of `s` at class index `p`: gathered from the shards where
+  // it falls short, and what they lack too raises the peak.
+  void draw_headroom(FastStat s, int p, std::int64_t amount);
+  template <typename F>
+  void for_each_stat(F&& visit);
+
+  HeadroomDonors& donors_;
+  DeviceStats stats_;
+  Headroom headroom_{};  // the device's, per stat and class index
+  bool accumulated_reset_ = false;
+  mutable std::uint64_t lock_wait_ticks_ = 0;
+  mutable std::uint64_t lock_held_ticks_ = 0;
+};
+
+}  // namespace streamalloc

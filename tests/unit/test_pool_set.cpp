@@ -1,0 +1,56 @@
+// PoolSet on its own (pool_set.hpp): the default pool serves every stream no route claims, the newest
+// route whose filter accepts a stream wins, and refused operations change nothing.
+#include <gtest/gtest.h>
+
+#include "pool_set.hpp"
+#include "streamalloc/types.hpp"
+
+namespace streamalloc {
+namespace {
+
+constexpr PoolId kGraph{1, 1};
+constexpr PoolId kMemPool{2, 7};
+
+TEST(PoolSet, RoutesSendAcceptedStreamsToTheNewestRoutedPool) {
+  PoolSet pools(0, CrossStreamReuse::kSettled);
+  EXPECT_FALSE(pools.has_routes());
+  EXPECT_TRUE(pools.is_default(&pools.pool_for(0x10)));
+  pools.open_route(kGraph, [](Stream s) { return s == 0x10; });
+  pools.open_route(kMemPool, [](Stream) { return true; });
+  EXPECT_EQ(pools.pool_for(0x10).id, kMemPool) << "newest route first";
+  pools.close_route(kMemPool);
+  EXPECT_EQ(pools.pool_for(0x10).id, kGraph);
+  EXPECT_TRUE(pools.is_default(&pools.pool_for(0x20))) << "a stream no filter accepts";
+  EXPECT_EQ(pools.find(kGraph)->use_count, 1) << "the route's use";
+  EXPECT_EQ(pools.find(kMemPool)->use_count, 1) << "closing a route leaves its use to the owner";
+}
+
+TEST(PoolSet, RefusedOperationsChangeNothing) {
+  PoolSet pools(0, CrossStreamReuse::kSettled);
+  EXPECT_THROW(pools.open_route(PoolId{}, [](Stream) { return true; }), Error);
+  EXPECT_THROW(pools.open_route(kGraph, PoolFilter{}), Error);
+  EXPECT_FALSE(pools.has_routes());
+  EXPECT_EQ(pools.find(kGraph), nullptr);
+  pools.open_route(kGraph, [](Stream) { return true; });
+  EXPECT_THROW(pools.open_route(kGraph, [](Stream) { return true; }), Error);
+  EXPECT_EQ(pools.routes().size(), 1u);
+  EXPECT_THROW(pools.close_route(kMemPool), Error);
+  EXPECT_THROW(pools.private_pool(PoolId{}, "test"), Error);
+  EXPECT_THROW(pools.private_pool(kMemPool, "test"), Error);
+}
+
+TEST(PoolSet, APoolWithoutUsesOrSegmentsIsErased) {
+  PoolSet pools(0, CrossStreamReuse::kSettled);
+  MemoryPool& pool = pools.add_use(kMemPool);
+  pool.segments = 1;
+  --pool.use_count;
+  pools.erase_empty_freeable();
+  ASSERT_NE(pools.find(kMemPool), nullptr) << "it still holds a segment";
+  pools.find(kMemPool)->segments = 0;
+  pools.erase_empty_freeable();
+  EXPECT_EQ(pools.find(kMemPool), nullptr);
+  EXPECT_EQ(pools.find(PoolId{}), &pools.default_pool());
+}
+
+}  // namespace
+}  // namespace streamalloc

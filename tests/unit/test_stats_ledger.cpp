@@ -1,0 +1,144 @@
+// StatsLedger on its own (stats_ledger.hpp): counts, the device-locked stats, and the headroom rule of
+// the fast path's stats (shard_stats.hpp): peak == current + every headroom, the peak rising only by
+// what no headroom covers, and a shard's headroom spent before the device's.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "block.hpp"
+#include "stats_ledger.hpp"
+
+namespace streamalloc {
+namespace {
+
+// Shards as the ledger sees them: headroom it may gather, each asked in turn.
+struct Donors : HeadroomDonors {
+  std::vector<ShardStats*> shards;
+  int asked = 0;
+  void gather_headroom(FastStat s, int p, std::int64_t needed, std::int64_t& device) override {
+    for (ShardStats* shard : shards) {
+      if (device >= needed) break;
+      ++asked;
+      std::int64_t& part = shard->headroom[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
+      const std::int64_t take = std::min(part, needed - device);
+      device += take;
+      part -= take;
+    }
+  }
+};
+
+struct OneBlock {
+  OneBlock(std::size_t size, SizeClass size_class) {
+    segment.size_class = size_class;
+    segment.size = size;
+    block.segment = &segment;
+    block.size = size;
+    segment.head = &block;
+  }
+  Segment segment;
+  Block block;
+};
+
+constexpr int kSmall = 1;
+
+TEST(StatsLedger, CountsAndDeviceLockedStatsMoveTheAggregateAndTheSizeClass) {
+  Donors donors;
+  StatsLedger ledger(donors);
+  ledger.count(&DeviceStats::num_ooms);
+  ledger.count(&DeviceStats::fences_polled, 3);
+  ledger.increase(&DeviceStats::reserved_bytes, SizeClass::kLarge, 100);
+  ledger.decrease(&DeviceStats::reserved_bytes, SizeClass::kLarge, 40);
+  EXPECT_EQ(ledger.stats().num_ooms, 1);
+  EXPECT_EQ(ledger.stats().fences_polled, 3);
+  EXPECT_EQ(ledger.stats().reserved_bytes[0].current, 60);
+  EXPECT_EQ(ledger.stats().reserved_bytes[2].current, 60);
+  EXPECT_EQ(ledger.stats().reserved_bytes[2].peak, 100);
+  EXPECT_EQ(ledger.stats().reserved_bytes[1].current, 0);
+  ledger.note_free_to_reusable(std::chrono::microseconds(50));
+  EXPECT_EQ(ledger.stats().free_to_reusable_us[1], 1) << "50 us falls in the bucket below 100 us";
+}
+
+TEST(StatsLedger, AnIncreaseWithoutHeadroomRaisesThePeakByExactlyWhatIsMissing) {
+  Donors donors;
+  StatsLedger ledger(donors);
+  ledger.fast_increase(kAllocatedBytes, SizeClass::kSmall, 512);
+  EXPECT_EQ(ledger.stats().allocated_bytes[0].peak, 512);
+  EXPECT_EQ(ledger.stats().allocated_bytes[kSmall].current, 512);
+  ledger.fast_decrease(kAllocatedBytes, SizeClass::kSmall, 512);
+  EXPECT_EQ(ledger.device_headroom(kAllocatedBytes, 0), 512) << "a decrease returns headroom to the device";
+  ledger.fast_increase(kAllocatedBytes, SizeClass::kSmall, 256);
+  EXPECT_EQ(ledger.stats().allocated_bytes[0].peak, 512) << "covered by headroom: the peak stays";
+  EXPECT_EQ(ledger.device_headroom(kAllocatedBytes, 0), 256);
+  EXPECT_EQ(ledger.stats().allocated_bytes[0].current + ledger.device_headroom(kAllocatedBytes, 0),
+            ledger.stats().allocated_bytes[0].peak);
+}
+
+TEST(StatsLedger, ShardHeadroomIsSpentFirstAndGatheredBeforeThePeakRises) {
+  Donors donors;
+  ShardStats a;
+  ShardStats b;
+  donors.shards = {&a, &b};
+  StatsLedger ledger(donors);
+  ledger.fast_increase(kActive, SizeClass::kSmall, 2);
+  ledger.fast_decrease(kActive, SizeClass::kSmall, 2, &b);  // b holds the headroom now
+  EXPECT_EQ(b.headroom[kActive][0], 2);
+  EXPECT_EQ(ledger.device_headroom(kActive, 0), 0);
+  donors.asked = 0;
+  ledger.fast_increase(kActive, SizeClass::kSmall, 1, &b);
+  EXPECT_EQ(b.headroom[kActive][0], 1) << "the shard's own headroom is spent first";
+  EXPECT_EQ(donors.asked, 0);
+  ledger.fast_increase(kActive, SizeClass::kSmall, 1, &a);  // a has none: the device gathers b's
+  EXPECT_GT(donors.asked, 0);
+  EXPECT_EQ(b.headroom[kActive][0], 0);
+  EXPECT_EQ(ledger.stats().active[0].peak, 2) << "gathered headroom covered it";
+  ledger.fast_increase(kActive, SizeClass::kSmall, 1);
+  EXPECT_EQ(ledger.stats().active[0].peak, 3) << "nothing left anywhere: the peak rises";
+}
+
+TEST(StatsLedger, InactiveSplitsAreCountedOnceAndAccountingRoundTrips) {
+  Donors donors;
+  StatsLedger ledger(donors);
+  OneBlock one(1024, SizeClass::kSmall);
+  ledger.count_inactive_split(&one.block, true);
+  ledger.count_inactive_split(&one.block, true);
+  EXPECT_EQ(ledger.stats().inactive_split[0].current, 1) << "the block's flag makes counting idempotent";
+  ledger.uncount_inactive_split(&one.block);
+  EXPECT_EQ(ledger.stats().inactive_split_bytes[0].current, 0);
+  ShardStats shard;
+  ledger.account_allocated(shard, &one.block, 1000);
+  EXPECT_EQ(ledger.stats().requested_bytes[0].current, 1000);
+  one.block.requested = 1000;
+  ledger.account_freed(&one.block, &shard);
+  ledger.account_inactive(&one.block, &shard);
+  EXPECT_EQ(ledger.stats().allocated_bytes[0].current, 0);
+  EXPECT_EQ(ledger.stats().requested_bytes[0].current, 0);
+  EXPECT_EQ(one.block.requested, 0u);
+  EXPECT_EQ(shard.headroom[kAllocatedBytes][0], 1024) << "a free with a shard returns its headroom there";
+}
+
+TEST(StatsLedger, ResetsFoldShardPartsAndClearTotals) {
+  Donors donors;
+  StatsLedger ledger(donors);
+  ShardStats shard;
+  shard.allocated[kAllocation][0] = 5;
+  shard.freed[kAllocation][0] = 2;
+  ledger.count(&DeviceStats::num_ooms);
+  ledger.add_lock_wait(7);
+  DeviceStats sum = ledger.stats();
+  StatsLedger::add_shard_part(sum, shard);
+  EXPECT_EQ(sum.allocation[0].current, 3);
+  ledger.fold_shard_part(shard);
+  EXPECT_EQ(ledger.stats().allocation[0].current, 3);
+  EXPECT_EQ(shard.current(kAllocation, 0), 0);
+  EXPECT_FALSE(ledger.accumulated_reset());
+  ledger.reset_accumulated();
+  EXPECT_TRUE(ledger.accumulated_reset());
+  EXPECT_EQ(ledger.stats().num_ooms, 0);
+  EXPECT_EQ(ledger.lock_wait_ticks(), 0u);
+  EXPECT_EQ(ledger.stats().allocation[0].current, 3) << "current survives a reset of the totals";
+  ledger.reset_peaks(ledger.stats());
+  EXPECT_EQ(ledger.stats().allocation[0].peak, 3);
+}
+
+}  // namespace
+}  // namespace streamalloc
