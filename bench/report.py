@@ -176,6 +176,7 @@ def collect_stored(run_dirs):
                  "torch_empty": [n for n in names if n == "torch_empty.json"],
                  "fragmentation": [n for n in names if n == "fragmentation.json"],
                  "inference": [n for n in names if n.startswith("inference_server") and n.endswith(".md")],
+                 "inference_json": [n for n in names if n.startswith("inference_server") and n.endswith(".json")],
                  "soak": [n for n in names if n.startswith("soak") and n.endswith(".json")],
                  "detection_rate": [n for n in names if n.startswith("detection_rate") and n.endswith(".md")][-1:],
                  "audit_overhead": [n for n in names if n == "audit_overhead.md"],
@@ -594,7 +595,20 @@ class HeadlineRow:
         return mine / native if self.lower_is_better else native / mine
 
 
-def headline_rows(runs, replays, fragmentation, sources):
+def load_inference(paths):
+    """bench/studies/inference_server.py --json output: one JSON object per line (model, threads, allocator)."""
+    results = []
+    for path in paths:
+        with open(path) as f:
+            results += [json.loads(line) for line in f if line.strip()]
+    return results
+
+
+# The program row of the headline: the LibTorch server at its most threads, where a contended allocator shows.
+HEADLINE_SERVER = ("conv", 16)
+
+
+def headline_rows(runs, replays, fragmentation, sources, inference=()):
     rows = []
 
     def bench_value(scenario, args, peer, value):
@@ -624,6 +638,17 @@ def headline_rows(runs, replays, fragmentation, sources):
             values[peer] = hits[0]["peak_reserved"] if hits else None
         if any(v is not None for v in values.values()):
             rows.append(HeadlineRow(f"peak reserved, replayed {name} trace", values, fmt_bytes, True, "replay"))
+
+    model, threads = HEADLINE_SERVER
+    # Where several runs measured the cell, the longest (repetitions x seconds) counts.
+    cells = sorted((r for r in inference if r.get("model") == model and r.get("threads") == threads),
+                   key=lambda r: r.get("reps", 1) * r.get("duration_s", 0))
+    served = {r["allocator"]: r["requests_per_s"] for r in cells}
+    if served:
+        # The server runs streamalloc through its LibTorch plugin; its column is streamalloc's.
+        values = {"streamalloc_cabi": served.get("streamalloc"), "torch_native": served.get("native")}
+        rows.append(HeadlineRow(f"LibTorch inference server ({model}), {threads} threads, a stream each (requests/s)",
+                                values, fmt_int, False, "inference"))
 
     if fragmentation:
         peaks = fragmentation.get("peaks", {})
@@ -671,9 +696,10 @@ def headline_table(rows):
 def headline_sources(rows, sources, gpus):
     what = {"bench": "pairs and threads (medians of the interleaved repetitions)",
             "replay": "replayed traces (peak reserved of the first replay)",
-            "fragmentation": "training (bench/studies/fragmentation.py, median ms/step of one run)"}
+            "fragmentation": "training (bench/studies/fragmentation.py, median ms/step of one run)",
+            "inference": "inference server (bench/studies/inference_server.py, medians of the repetitions)"}
     lines = []
-    for kind in ("bench", "replay", "fragmentation"):
+    for kind in ("bench", "replay", "inference", "fragmentation"):
         if any(r.source == kind for r in rows) and kind in sources:
             lines.append(f"{what[kind]}: {sources[kind].describe(gpus.get(kind))}")
     return lines
@@ -722,7 +748,7 @@ def headline_plot(rows, path):
     ax.set_yticklabels(labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("time or memory relative to PyTorch's native allocator (log scale; left of 1 is better)")
-    ax.set_title("H200, relative to PyTorch's native allocator (threads: time per pair)", fontsize=10)
+    ax.set_title("H200, relative to PyTorch's native allocator (rates drawn as time per pair or request)", fontsize=10)
     ax.grid(True, axis="x", which="major", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
@@ -883,7 +909,9 @@ def main(argv):
     out_dir = os.path.dirname(os.path.abspath(out_path))
     img_dir = os.path.join(out_dir, "img")
     plots, plot_note = make_plots(runs, replays, img_dir)
-    rows = headline_rows(runs, replays, fragmentation, sources)
+    inference = load_inference(found.get("inference_json", ([], None))[0]) if run_dirs else []
+    gpus["inference"] = next((r.get("gpu") for r in inference if r.get("gpu")), None)
+    rows = headline_rows(runs, replays, fragmentation, sources, inference)
     headline_drawn = bool(rows) and headline_plot(rows, os.path.join(img_dir, HEADLINE_IMG))
 
     def stored(kind):

@@ -66,9 +66,9 @@ void DeviceCache::set_pool_segment_allocator(PoolId pool, SegmentAllocator segme
   MemoryPool& found = pools_.private_pool(pool, "set_pool_segment_allocator");
   if (found.segments != 0) {
     throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("streamalloc: set_pool_segment_allocator: memory pool {} on device {} already holds "
-                            "{} segment(s) from another source",
-                            name(pool), device_, found.segments));
+                fmt::format("streamalloc: set_pool_segment_allocator: memory pool ({}, {}) on device {} already "
+                            "holds {} segment(s) from another source",
+                            pool.first, pool.second, device_, found.segments));
   }
   found.segment_allocator = std::make_shared<const SegmentAllocator>(std::move(segments));
 }
