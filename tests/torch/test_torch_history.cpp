@@ -241,7 +241,9 @@ TEST_F(TorchHistoryTest, BlockEntriesHaveTheRequestedSize) {
       EXPECT_EQ(e.size_, 311u * 411u * 4u) << "action " << static_cast<int>(e.action_);
       saw_alloc = saw_alloc || e.action_ == TraceEntry::ALLOC;
     }
-    if (e.action_ == TraceEntry::SEGMENT_ALLOC) EXPECT_GT(e.size_, 311u * 411u * 4u);
+    if (e.action_ == TraceEntry::SEGMENT_ALLOC) {
+      EXPECT_GT(e.size_, 311u * 411u * 4u);
+    }
   }
   EXPECT_TRUE(saw_alloc);
 }
