@@ -8,7 +8,11 @@
 # A macro, so that Torch_FOUND, TORCH_LIBRARIES and the imported targets are the caller's.
 macro(streamalloc_find_torch)
   if(NOT Torch_DIR)
-    find_package(Python3 COMPONENTS Interpreter QUIET)
+    # Only when no caller found Python yet: a second find_package(Python3) with fewer components would
+    # unset what the first found (the extension module's Development.Module).
+    if(NOT Python3_Interpreter_FOUND)
+      find_package(Python3 COMPONENTS Interpreter QUIET)
+    endif()
     if(Python3_Interpreter_FOUND)
       set(STREAMALLOC_TORCH_PYTHON "${Python3_EXECUTABLE}")
     else()
