@@ -43,7 +43,7 @@ endef
 # Formatting and lint: clang-format (.clang-format) on the C/C++/CUDA sources below, ruff (ruff.toml) on
 # every Python file. `make format` rewrites files; `make lint` changes nothing and fails on any difference.
 CLANG_FORMAT ?= clang-format
-FORMAT_DIRS = allocator torch_plugin/src torch_plugin/include tests bench examples
+FORMAT_DIRS = allocator planner torch_plugin/src torch_plugin/include tests bench examples
 FORMAT_SOURCES = $(shell git ls-files -- $(foreach d,$(FORMAT_DIRS),$(foreach e,c h cpp hpp cu cuh,'$(d)/*.$(e)')))
 
 .PHONY: help deps build test demo gpu-test gpu-sanitize gpu-soak traces bench bench-report audit-overhead detection-rate fragmentation test-asan test-tsan fuzz format lint clean

@@ -28,8 +28,8 @@ import os
 import re
 import statistics
 import subprocess
-import textwrap
 import sys
+import textwrap
 from collections import defaultdict
 
 # Byte counts are written by the package's report module, as everywhere else in streamalloc's output.
@@ -353,7 +353,8 @@ def torch_empty_section(data):
             rows.append([fmt_bytes(n), fmt_ns(native), fmt_ns(ours),
                          fmt_ratio(ours / native) if native and ours else "n/a"])
         name = "at::empty C++ loop" if loop == "cpp" else "torch.empty Python loop"
-        out.append(f"{name}:\n\n" + table(["bytes", "native ns", "streamalloc ns", "streamalloc / native"], rows) + "\n")
+        out.append(f"{name}:\n\n"
+                   + table(["bytes", "native ns", "streamalloc ns", "streamalloc / native"], rows) + "\n")
     for peer, r in results.items():
         if "error" in r:
             out.append(f"- {peer}: failed: {r['error']}")
@@ -941,7 +942,8 @@ def main(argv):
         scenario_section(runs, "same_stream", "same_stream: cached alloc+free pair",
                          "ns per alloc+free pair on one stream, after a warm-up pair.", reference),
         scenario_section(runs, "cross_stream", "cross_stream: alloc, record_stream, free",
-                         "ns per alloc + record_stream(other stream) + free: the prefetch pipeline's pattern.", reference,
+                         "ns per alloc + record_stream(other stream) + free: the prefetch pipeline's pattern.",
+                         reference,
                          (("peak_reserved", "peak reserved", fmt_bytes),)),
         scenario_section(runs, "mixed_sizes", "mixed_sizes: random alloc/free, many live blocks",
                          "ns per alloc or free; sizes log-uniform 1 KiB .. 4 MiB, up to `max_live` live blocks.",

@@ -17,7 +17,6 @@ consumer reads at once.
 """
 
 import torch
-
 from _pipeline import Pipeline, parse_args
 
 

@@ -8,7 +8,6 @@ compute stream.
 """
 
 import torch
-
 from _pipeline import Pipeline, parse_args
 
 

@@ -10,7 +10,6 @@ them: a fence is one event per stream and batch of frees, not one per block.
 """
 
 import torch
-
 from _pipeline import Pipeline, parse_args
 
 

@@ -12,7 +12,6 @@ sees NaN instead of a later batch copied into the same memory. The fix is seed_f
 """
 
 import torch
-
 from _pipeline import Pipeline, parse_args
 
 

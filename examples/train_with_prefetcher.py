@@ -26,10 +26,9 @@ import time
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA initialises
 
 import torch  # noqa: E402
+from _pipeline import allocator_name, print_streamalloc_stats  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
-
-from _pipeline import allocator_name, print_streamalloc_stats  # noqa: E402
 
 
 class Prefetcher:

@@ -62,14 +62,16 @@ class AddressRanges {
   void check_release(std::uintptr_t base, std::size_t bytes, const std::string& call) const {
     const auto it = ranges_.find(base);
     if (it == ranges_.end()) {
-      fail(call, "the address is not the base of a range reserved on this device (double release, or a pointer "
-                 "reserve_address_range did not return)");
+      fail(call,
+           "the address is not the base of a range reserved on this device (double release, or a pointer "
+           "reserve_address_range did not return)");
     }
     if (it->second.bytes != bytes) {
       fail(call, "the range has " + std::to_string(it->second.bytes) + " bytes; pass the reserved size");
     }
     if (!it->second.mappings.empty()) {
-      fail(call, std::to_string(it->second.mappings.size()) + " mapping(s) of the range are still mapped (the first at " +
+      fail(call, std::to_string(it->second.mappings.size()) +
+                     " mapping(s) of the range are still mapped (the first at " +
                      hex(it->second.mappings.begin()->first) + "); unmap_pages them first");
     }
   }
@@ -155,7 +157,7 @@ class AddressRanges {
     const Range& range = range_containing(at)->second;
     auto it = range.mappings.upper_bound(at);
     if (it == range.mappings.begin()) return false;
-    --it;  // the last mapping that starts at or before `at`
+    --it;                         // the last mapping that starts at or before `at`
     std::uintptr_t covered = at;  // every byte of [at, covered) is mapped
     for (;;) {
       if (it->first > covered) return false;  // a hole
@@ -192,12 +194,14 @@ class AddressRanges {
       reserved += range.bytes;
       count += range.mappings.size();
     }
-    if (reserved != reserved_bytes_) return "reserved bytes are " + std::to_string(reserved_bytes_) +
-                                            ", the ranges sum to " + std::to_string(reserved);
-    if (mapped != mapped_bytes_) return "mapped bytes are counted as " + std::to_string(mapped_bytes_) +
-                                        ", the mappings sum to " + std::to_string(mapped);
-    if (count != mapping_count_) return "mappings are counted as " + std::to_string(mapping_count_) +
-                                        ", the ranges hold " + std::to_string(count);
+    if (reserved != reserved_bytes_)
+      return "reserved bytes are " + std::to_string(reserved_bytes_) + ", the ranges sum to " +
+             std::to_string(reserved);
+    if (mapped != mapped_bytes_)
+      return "mapped bytes are counted as " + std::to_string(mapped_bytes_) + ", the mappings sum to " +
+             std::to_string(mapped);
+    if (count != mapping_count_)
+      return "mappings are counted as " + std::to_string(mapping_count_) + ", the ranges hold " + std::to_string(count);
     return {};
   }
 
@@ -242,8 +246,9 @@ class AddressRanges {
   const Range& range_of(std::uintptr_t at, std::size_t bytes, const std::string& call) const {
     check_size(bytes, call);
     if (!reserved(at, bytes)) {
-      fail(call, "the pages are not inside one range reserved on this device (reserve_address_range first, and "
-                 "stay inside it)");
+      fail(call,
+           "the pages are not inside one range reserved on this device (reserve_address_range first, and "
+           "stay inside it)");
     }
     if (at % page_bytes_ != 0) {
       fail(call, "the address is not aligned to the granularity (" + std::to_string(page_bytes_) + " bytes)");

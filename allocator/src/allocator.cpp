@@ -134,10 +134,10 @@ void Allocator::deallocate_on_named(void* ptr, std::size_t size, int device, Str
   if (freed) return;
   const int actual = find_device(ptr, -1);
   if (actual >= 0) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "streamalloc: free(" + hex(reinterpret_cast<std::uintptr_t>(ptr)) + ") names device " +
-                    std::to_string(device) + " but the block lives on device " + std::to_string(actual) +
-                    "; nothing was freed. Pass the device it was allocated on.");
+    throw Error(ErrorCode::kInvalidArgument, "streamalloc: free(" + hex(reinterpret_cast<std::uintptr_t>(ptr)) +
+                                                 ") names device " + std::to_string(device) +
+                                                 " but the block lives on device " + std::to_string(actual) +
+                                                 "; nothing was freed. Pass the device it was allocated on.");
   }
   named.reject_free(ptr);
 }
@@ -187,7 +187,9 @@ int Allocator::stream_device_hint(Stream stream) const {
 
 void Allocator::record_stream(void* ptr, Stream stream) {
   // A stream's device as the backend or a table names it, or device 0 for none (the default stream).
-  const auto cache_of = [&](int device) -> DeviceCache& { return cache(device >= 0 && device < device_count() ? device : 0); };
+  const auto cache_of = [&](int device) -> DeviceCache& {
+    return cache(device >= 0 && device < device_count() ? device : 0);
+  };
   // The common case costs one lookup: the block lives on the stream's device.
   DeviceCache& home = cache_of(stream_device_hint(stream));
   if (home.record_stream(ptr, stream)) return;
@@ -202,8 +204,8 @@ void Allocator::record_stream(void* ptr, Stream stream) {
   }
   if (stream_device >= 0 && stream_device != device) {
     throw Error(ErrorCode::kInvalidArgument,
-                "streamalloc: record_stream(" + hex(reinterpret_cast<std::uintptr_t>(ptr)) + ", stream " +
-                    hex(stream) + "): the stream belongs to device " + std::to_string(stream_device) +
+                "streamalloc: record_stream(" + hex(reinterpret_cast<std::uintptr_t>(ptr)) + ", stream " + hex(stream) +
+                    "): the stream belongs to device " + std::to_string(stream_device) +
                     " but the block lives on device " + std::to_string(device) +
                     ". Only streams of the block's device can use it; copy the tensor to the other device instead.");
   }
@@ -285,7 +287,8 @@ std::vector<SegmentInfo> Allocator::segments(int device) const {
 std::vector<BlockInfo> Allocator::blocks(int device) const {
   std::vector<BlockInfo> out;
   for (SegmentInfo& segment : segments(device)) {
-    out.insert(out.end(), std::make_move_iterator(segment.blocks.begin()), std::make_move_iterator(segment.blocks.end()));
+    out.insert(out.end(), std::make_move_iterator(segment.blocks.begin()),
+               std::make_move_iterator(segment.blocks.end()));
   }
   return out;
 }

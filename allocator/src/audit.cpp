@@ -15,8 +15,8 @@ Audit::Audit(const Options& options) : mode_(options.audit) {
     try {
       sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(options.audit_file, /*truncate=*/true);
     } catch (const spdlog::spdlog_ex& e) {
-      throw Error(ErrorCode::kConfig, "streamalloc: cannot open audit_file '" + options.audit_file +
-                                          "': " + e.what() + "; give a writable path");
+      throw Error(ErrorCode::kConfig, "streamalloc: cannot open audit_file '" + options.audit_file + "': " + e.what() +
+                                          "; give a writable path");
     }
   }
   logger_ = std::make_shared<spdlog::logger>("streamalloc.audit", sink);

@@ -12,9 +12,7 @@ class AuditAid final : public DebugAid {
   AuditAid(int device, const Options& options, Audit& audit)
       : device_(device), pending_warn_ms_(static_cast<double>(options.pending_warn_ms)), audit_(audit) {}
 
-  void on_allocate(Block& block) override {
-    audit_.trace(device_, "malloc", block.address, block.size, block.stream);
-  }
+  void on_allocate(Block& block) override { audit_.trace(device_, "malloc", block.address, block.size, block.stream); }
   void on_free(const Block& block) override { audit_.trace(device_, "free", block.address, block.size, block.stream); }
   bool on_new_use(const Block& block, Stream stream, NewUse how) override {
     if (how == NewUse::kRecordStream) audit_.trace(device_, "record_stream", block.address, block.size, stream);
@@ -26,9 +24,7 @@ class AuditAid final : public DebugAid {
       case IgnoredRecordStream::kAllocationStream:
         audit_.record_stream_on_allocation_stream(device_, address, stream);
         break;
-      case IgnoredRecordStream::kDuplicate:
-        audit_.record_stream_duplicate(device_, address, stream);
-        break;
+      case IgnoredRecordStream::kDuplicate: audit_.record_stream_duplicate(device_, address, stream); break;
       case IgnoredRecordStream::kAlreadyFreed:
         audit_.record_stream_not_live(device_, ptr, stream, "the block is already freed (record_stream came too late)");
         break;

@@ -30,8 +30,7 @@ std::shared_ptr<Backend> make_sim_backend(const Options& options) {
 
 std::shared_ptr<Backend> make_backend(const Options& options) {
   switch (options.backend) {
-    case BackendKind::kSim:
-      return make_sim_backend(options);
+    case BackendKind::kSim: return make_sim_backend(options);
     case BackendKind::kCuda:
 #ifdef STREAMALLOC_WITH_CUDA
       return make_cuda_backend();

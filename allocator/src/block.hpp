@@ -98,10 +98,10 @@ std::size_t block_spares_per_thread();
 
 struct Segment {
   std::uintptr_t address = 0;
-  std::size_t size = 0;              // bytes its blocks cover (of an expandable segment: its mapped pages)
+  std::size_t size = 0;  // bytes its blocks cover (of an expandable segment: its mapped pages)
   SizeClass size_class = SizeClass::kSmall;
   MemoryPool* owner = nullptr;  // the pool that owns it: its free lists hold the segment's free blocks
-  Stream stream = 0;                 // stream of the allocation that reserved it
+  Stream stream = 0;            // stream of the allocation that reserved it
   Block* head = nullptr;
   Block* tail = nullptr;  // the last block: where an expandable segment grows and shrinks
   // Expandable segments (docs/design.md, "Expandable segments"): the bytes of the reserved address

@@ -18,10 +18,8 @@ struct CacheLineAllocator {
   template <typename U>
   CacheLineAllocator(const CacheLineAllocator<U>&) {}  // NOLINT: rebinding, as std::allocator's
 
-  T* allocate(std::size_t n) {
-    return static_cast<T*>(::operator new(whole_lines(n), std::align_val_t{kCacheLine}));
-  }
-  void deallocate(T* p, std::size_t n) { ::operator delete(p, whole_lines(n), std::align_val_t{kCacheLine}); }
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new (whole_lines(n), std::align_val_t{kCacheLine})); }
+  void deallocate(T* p, std::size_t n) { ::operator delete (p, whole_lines(n), std::align_val_t{kCacheLine}); }
 
   template <typename U>
   bool operator==(const CacheLineAllocator<U>&) const {

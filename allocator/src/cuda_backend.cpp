@@ -261,9 +261,10 @@ class RelaxedCaptureMode {
   const char* name = nullptr;
   if (driver.get_error_string == nullptr || driver.get_error_string(result, &text) != CUDA_SUCCESS) text = nullptr;
   if (driver.get_error_name == nullptr || driver.get_error_name(result, &name) != CUDA_SUCCESS) name = nullptr;
-  throw Error(ErrorCode::kBackend, std::string(call) + " failed on device " + std::to_string(device) + ": " +
-                                       (text != nullptr ? text : "unknown driver error") + " (" +
-                                       (name != nullptr ? name : "CUresult " + std::to_string(static_cast<int>(result))) + ")");
+  throw Error(ErrorCode::kBackend,
+              std::string(call) + " failed on device " + std::to_string(device) + ": " +
+                  (text != nullptr ? text : "unknown driver error") + " (" +
+                  (name != nullptr ? name : "CUresult " + std::to_string(static_cast<int>(result))) + ")");
 }
 
 void check_driver(CUresult result, const char* call, int device) {
@@ -284,7 +285,8 @@ CUmemAllocationProp device_memory(CUdevice device) {
 // error) leaves nothing behind.
 class MappingInFlight {
  public:
-  MappingInFlight(const DriverVm& driver, CUdeviceptr at, std::size_t bytes) : driver_(driver), at_(at), bytes_(bytes) {}
+  MappingInFlight(const DriverVm& driver, CUdeviceptr at, std::size_t bytes)
+      : driver_(driver), at_(at), bytes_(bytes) {}
   ~MappingInFlight() {
     if (committed_) return;
     // Undoing our own fresh mapping; a failure here has nothing better to do than go on.
@@ -570,9 +572,10 @@ class CudaBackend final : public Backend {
     };
     std::vector<Mapping> mappings;
     mappings.reserve(count);
-    ranges.for_each_mapping_in(base, bytes, [&](std::uintptr_t address, std::size_t size, AddressRanges::Handle handle) {
-      mappings.push_back({address, size, handle});
-    });
+    ranges.for_each_mapping_in(base, bytes,
+                               [&](std::uintptr_t address, std::size_t size, AddressRanges::Handle handle) {
+                                 mappings.push_back({address, size, handle});
+                               });
     const DriverVm& driver = DriverVm::get();
     for (const Mapping& mapping : mappings) {
       check_driver(driver.unmap(mapping.address, mapping.bytes), "cuMemUnmap", device);
@@ -621,7 +624,7 @@ class CudaBackend final : public Backend {
     return *vm.ranges;
   }
 
-  const int device_count_;  // devices are fixed for the life of a process (CUDA_VISIBLE_DEVICES)
+  const int device_count_;          // devices are fixed for the life of a process (CUDA_VISIBLE_DEVICES)
   std::unique_ptr<DeviceVm[]> vm_;  // per device
 };
 
@@ -636,12 +639,12 @@ std::shared_ptr<Backend> make_cuda_backend() {
   int count = 0;
   const cudaError_t err = probe_device_count(&count);
   if (err != cudaSuccess || count == 0) {
-    const std::string why = err != cudaSuccess ? std::string(cudaGetErrorString(err)) + " (" +
-                                                     cudaGetErrorName(err) + ")"
-                                               : std::string("no devices");
+    const std::string why = err != cudaSuccess
+                                ? std::string(cudaGetErrorString(err)) + " (" + cudaGetErrorName(err) + ")"
+                                : std::string("no devices");
     throw Error(ErrorCode::kConfig,
-                "streamalloc: the CUDA backend needs a CUDA device, but none is present (cudaGetDeviceCount: " +
-                    why + "). Check the driver and CUDA_VISIBLE_DEVICES, or use backend:sim.");
+                "streamalloc: the CUDA backend needs a CUDA device, but none is present (cudaGetDeviceCount: " + why +
+                    "). Check the driver and CUDA_VISIBLE_DEVICES, or use backend:sim.");
   }
   return std::make_shared<CudaBackend>(count);
 }

@@ -22,6 +22,8 @@ double ticks_per_ns() {
 }
 }  // namespace
 
-std::int64_t to_ns(std::uint64_t ticks) { return static_cast<std::int64_t>(static_cast<double>(ticks) / ticks_per_ns()); }
+std::int64_t to_ns(std::uint64_t ticks) {
+  return static_cast<std::int64_t>(static_cast<double>(ticks) / ticks_per_ns());
+}
 
 }  // namespace streamalloc::cycle_clock

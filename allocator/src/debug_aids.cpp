@@ -114,9 +114,8 @@ std::unique_ptr<DebugAids> make_debug_aids(int device, const Options& options, B
                                            SyncChecker* sync) {
   std::vector<std::unique_ptr<DebugAid>> aids;
   std::unique_ptr<DebugAid> candidates[] = {
-      make_sync_check_aid(device, audit, sync), make_poison_aid(device, options, backend),
-      make_quarantine_aid(options),           make_pending_history_aid(options),
-      make_audit_aid(device, options, audit),
+      make_sync_check_aid(device, audit, sync), make_poison_aid(device, options, backend), make_quarantine_aid(options),
+      make_pending_history_aid(options),        make_audit_aid(device, options, audit),
   };
   for (auto& aid : candidates) {
     if (aid) aids.push_back(std::move(aid));

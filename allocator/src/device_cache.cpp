@@ -19,8 +19,8 @@ DeviceCache::DeviceCache(int device, const Options& options, Backend& backend, s
       fences_(backend, device),
       ledger_(*this),
       aids_(std::move(aids)) {
-  ledger_.set_max_split_size(options.max_split_size_bytes == 0 ? -1
-                                                               : static_cast<std::int64_t>(options.max_split_size_bytes));
+  ledger_.set_max_split_size(
+      options.max_split_size_bytes == 0 ? -1 : static_cast<std::int64_t>(options.max_split_size_bytes));
   expandable_.set_up(options.expandable_segments, backend, device);
   update_fast_path();
 }

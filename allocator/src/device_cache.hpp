@@ -187,7 +187,7 @@ class DeviceCache : private HeadroomDonors {
   Block* reserve_fixed_segment(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream);
   Block* take(Block* block, std::size_t size, std::size_t requested, Stream stream);
   Block* hand_out(Block* block, std::size_t requested, Stream stream);  // mark allocated, account
-  void* hand_out_hot(Shard& own, Block* hot, std::size_t requested);  // taken from own's hot list
+  void* hand_out_hot(Shard& own, Block* hot, std::size_t requested);    // taken from own's hot list
   Block* take_hot_after_poll(Shard& own, const MemoryPool& pool, std::size_t size);
   [[noreturn]] void throw_larger_than_device(std::size_t requested, Stream stream);
   [[noreturn]] void throw_out_of_memory(std::size_t requested, std::size_t size, Stream stream);
@@ -215,11 +215,11 @@ class DeviceCache : private HeadroomDonors {
   void settle(Block* block);                   // an owned block whose fence completed
   // An exact-size hot block, out of the list (still hot); both paths, `state`'s lock held.
   static Block* take_hot(Shard& state, std::size_t size) { return state.take_hot(size); }
-  void flush_hot(Shard& state, std::size_t keep);   // all but the `keep` newest into the free lists
+  void flush_hot(Shard& state, std::size_t keep);  // all but the `keep` newest into the free lists
   void flush_all_hot();
   void flush_thread_hot(std::uintptr_t thread);  // the hot lists of the streams that `thread` used last
-  void hold_back(Block* block);  // an aid takes it; blocks the aid lets go of enter the free lists
-  void release_held();           // every held block enters the free lists
+  void hold_back(Block* block);                  // an aid takes it; blocks the aid lets go of enter the free lists
+  void release_held();                           // every held block enters the free lists
   void enter_free_lists_after_hold(const std::vector<Block*>& released);
 
   // ---- fences (device_cache_fences.cpp)
@@ -255,9 +255,7 @@ class DeviceCache : private HeadroomDonors {
 
   // ---- expandable segments (device_cache_expandable.cpp; docs/design.md, "Expandable segments")
   // Whether an allocation from `pool` that no cached block serves grows an expandable segment.
-  bool grows_expandable(const MemoryPool& pool) const {
-    return expandable_.on() && pools_.is_default(&pool);
-  }
+  bool grows_expandable(const MemoryPool& pool) const { return expandable_.on() && pools_.is_default(&pool); }
   // Grows the segment of (stream, kind) at its end by whole pages, mapped as one physical allocation
   // (near the cap: in pieces of up to 20 MiB, large, or one page, small), or starts one, so that a
   // free block of at least `size` bytes that `stream` may take is in the free lists; returns it, or

@@ -31,13 +31,12 @@ constexpr std::size_t kMaxRequest = (std::size_t{1} << 60) - 1;
 // request). PyTorch's per-process usage from NVML ("Process N has X memory in use.") is left out, as
 // PyTorch leaves it out where NVML is missing. Under the CUDA backend the text starts with PyTorch's
 // "CUDA out of memory."; the plugin turns "by streamalloc" into PyTorch's "by PyTorch".
-std::string out_of_memory_head(const std::string& backend, int device, std::size_t tried,
-                               const DeviceMemoryInfo& info, double fraction, std::size_t cap,
-                               std::size_t allocated, std::size_t reserved) {
-  std::string head = fmt::format(
-      "{} out of memory. Tried to allocate {}. GPU {} has a total capacity of {} of which {} is free. ",
-      backend == "cuda" ? "CUDA" : "Simulated device", format_size(tried), device, format_size(info.total_bytes),
-      format_size(info.free_bytes));
+std::string out_of_memory_head(const std::string& backend, int device, std::size_t tried, const DeviceMemoryInfo& info,
+                               double fraction, std::size_t cap, std::size_t allocated, std::size_t reserved) {
+  std::string head =
+      fmt::format("{} out of memory. Tried to allocate {}. GPU {} has a total capacity of {} of which {} is free. ",
+                  backend == "cuda" ? "CUDA" : "Simulated device", format_size(tried), device,
+                  format_size(info.total_bytes), format_size(info.free_bytes));
   if (fraction < 1.0) head += format_size(cap) + " allowed; ";
   head += fmt::format(
       "Of the allocated memory {} is allocated by streamalloc, and {} is reserved by streamalloc but "
@@ -194,7 +193,8 @@ Block* DeviceCache::best_free_expandable_large(MemoryPool& pool, std::size_t siz
 }
 
 Block* DeviceCache::count_reuse(Block* block, Stream stream) {
-  if (block != nullptr && block->settled && block->stream != stream) ledger_.count(&DeviceStats::cross_stream_reuse_settled);
+  if (block != nullptr && block->settled && block->stream != stream)
+    ledger_.count(&DeviceStats::cross_stream_reuse_settled);
   return block;
 }
 
@@ -303,16 +303,16 @@ void DeviceCache::throw_larger_than_device(std::size_t requested, Stream stream)
   std::string msg;
   if (requested > kMaxRequest) {
     // PyTorch's words for a size no device has; like PyTorch, not counted in num_ooms.
-    msg = fmt::format("{} out of memory. Tried to allocate more than 1EB memory. streamalloc: {} bytes requested "
-                      "on device {}; check the size computation of this tensor.",
-                      backend_.name() == "cuda" ? "CUDA" : "Simulated device", requested, device_);
+    msg = fmt::format(
+        "{} out of memory. Tried to allocate more than 1EB memory. streamalloc: {} bytes requested "
+        "on device {}; check the size computation of this tensor.",
+        backend_.name() == "cuda" ? "CUDA" : "Simulated device", requested, device_);
   } else {
     ledger_.count(&DeviceStats::num_ooms);
     const std::size_t size = size_policy::round_size(requested, options_);
     const DeviceMemoryInfo info = backend_.memory_info(device_);
-    msg = out_of_memory_head(backend_.name(), device_, size_policy::segment_size_for(size), info,
-                             memory_fraction_, memory_cap(),
-                             static_cast<std::size_t>(allocated_bytes_now()), segments_.reserved_bytes());
+    msg = out_of_memory_head(backend_.name(), device_, size_policy::segment_size_for(size), info, memory_fraction_,
+                             memory_cap(), static_cast<std::size_t>(allocated_bytes_now()), segments_.reserved_bytes());
     msg += fmt::format(
         " streamalloc ({}): the request of {} bytes is larger than the device's total memory of {}; nothing was "
         "flushed. Check the size computation of this tensor.",
@@ -328,11 +328,11 @@ void DeviceCache::throw_out_of_memory(std::size_t requested, std::size_t size, S
   const DeviceMemoryInfo info = backend_.memory_info(device_);
   std::size_t cached_free = 0;
   pools_.default_pool().free.for_each([&](const Block* b) { cached_free += b->size; });
-  for (const auto& [id, pool] : pools_.private_pools()) pool->free.for_each([&](const Block* b) { cached_free += b->size; });
-  std::string msg = out_of_memory_head(backend_.name(), device_, size_policy::segment_size_for(size), info,
-                                       memory_fraction_, memory_cap(),
-                                       static_cast<std::size_t>(allocated_bytes_now()),
-                                       segments_.reserved_bytes());
+  for (const auto& [id, pool] : pools_.private_pools())
+    pool->free.for_each([&](const Block* b) { cached_free += b->size; });
+  std::string msg =
+      out_of_memory_head(backend_.name(), device_, size_policy::segment_size_for(size), info, memory_fraction_,
+                         memory_cap(), static_cast<std::size_t>(allocated_bytes_now()), segments_.reserved_bytes());
   msg += fmt::format(
       " streamalloc ({}): request of {} ({} rounded) on stream {:#x}; {} reserved, {} cached free, {} pending in "
       "{} block(s)",
@@ -357,8 +357,9 @@ void DeviceCache::throw_out_of_memory(std::size_t requested, std::size_t size, S
     }
   }
   if (aids_ != nullptr) aids_->on_out_of_memory_request(info.free_bytes, size, stream, pools_.pool_for(stream).id);
-  msg += " What to do: free tensors you no longer need, lower the batch size, or, if reserved but unallocated "
-         "memory is large, set STREAMALLOC_CONF=max_split_size_mb:N to reduce fragmentation.";
+  msg +=
+      " What to do: free tensors you no longer need, lower the batch size, or, if reserved but unallocated "
+      "memory is large, set STREAMALLOC_CONF=max_split_size_mb:N to reduce fragmentation.";
   if (aids_ != nullptr) aids_->on_out_of_memory(msg);
   log().debug("{}", msg);
   throw Error(ErrorCode::kOutOfMemory, msg);

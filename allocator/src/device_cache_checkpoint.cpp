@@ -14,8 +14,8 @@ namespace streamalloc {
 namespace {
 
 [[noreturn]] void refuse(const std::string& why) {
-  throw Error(ErrorCode::kInvalidArgument, "streamalloc: cannot restore the memory pool's checkpoint: " + why +
-                                               "; nothing was changed");
+  throw Error(ErrorCode::kInvalidArgument,
+              "streamalloc: cannot restore the memory pool's checkpoint: " + why + "; nothing was changed");
 }
 
 }  // namespace
@@ -52,7 +52,8 @@ PoolRestore DeviceCache::restore_pool(const PoolCheckpoint& checkpoint) {
   DeviceLock lock(*this);
   shards_.lock_all();
   // Everything is checked before anything changes.
-  if (checkpoint.device != device_) refuse(fmt::format("it was taken on device {}, not {}", checkpoint.device, device_));
+  if (checkpoint.device != device_)
+    refuse(fmt::format("it was taken on device {}, not {}", checkpoint.device, device_));
   MemoryPool& pool = pools_.private_pool(checkpoint.pool, "restore_pool");
   if (pool.freeable()) refuse("the pool has no uses left (it is being freed)");
   for (const SegmentLayout& layout : checkpoint.segments) {

@@ -48,10 +48,11 @@ Block* DeviceCache::grow_expandable(SizeClass kind, std::size_t size, Stream str
     // pending), and owned by this stream or settled where this stream may take settled blocks. Else
     // the new pages are a block of their own, handed out at once (the caller takes it), so they never
     // merge into a block of another stream.
-    const bool extend = !tail->in_shard && tail->state == BlockState::kFree && !tail->held && !tail->hot &&
-                        (tail->settled ? options_.cross_stream_reuse != CrossStreamReuse::kNever || tail->stream == stream
-                                       : tail->stream == stream) &&
-                        tail->size < size;
+    const bool extend =
+        !tail->in_shard && tail->state == BlockState::kFree && !tail->held && !tail->hot &&
+        (tail->settled ? options_.cross_stream_reuse != CrossStreamReuse::kNever || tail->stream == stream
+                       : tail->stream == stream) &&
+        tail->size < size;
     const std::size_t bytes = round_up(extend ? size - tail->size : size, page);
     if (segment->span() + bytes <= segment->address_range) {
       if (segments_.reserved_bytes() + bytes > memory_cap()) return nullptr;
@@ -83,13 +84,13 @@ Block* DeviceCache::grow_expandable(SizeClass kind, std::size_t size, Stream str
   const std::size_t share = kind == SizeClass::kLarge ? device_total_.load() : device_total_.load() / 8;
   const std::size_t range = std::max(bytes, round_up(share, page));
   SegmentSource::Refusal why = SegmentSource::Refusal::kNone;
-  Segment* segment =
-      segments_.reserve_expandable(kind, &pools_.default_pool(), range, bytes, piece_bytes(kind, page, bytes, near_cap(bytes)),
-                                   stream, &why);
+  Segment* segment = segments_.reserve_expandable(kind, &pools_.default_pool(), range, bytes,
+                                                  piece_bytes(kind, page, bytes, near_cap(bytes)), stream, &why);
   if (segment == nullptr) {
     // Without address space the memory may still be there: a fixed segment, as without the option.
-    return why == SegmentSource::Refusal::kNoAddressSpace ? reserve_fixed_segment(pools_.default_pool(), kind, size, stream)
-                                                          : nullptr;
+    return why == SegmentSource::Refusal::kNoAddressSpace
+               ? reserve_fixed_segment(pools_.default_pool(), kind, size, stream)
+               : nullptr;
   }
   expandable_.set_growing(stream, kind, segment);
   // As PyTorch's history: maps and unmaps, never segment_alloc/segment_free, for expandable segments.

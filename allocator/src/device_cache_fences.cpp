@@ -223,7 +223,8 @@ void DeviceCache::synchronize_all_fences(bool for_memory) {
   ledger_.count(&DeviceStats::fences_synced_host, static_cast<std::int64_t>(fences));
   ledger_.count(&DeviceStats::num_sync_all_streams);
   if (for_memory && fences > 0 && aids_ != nullptr) {
-    aids_->on_host_sync_for_memory(fences, static_cast<std::size_t>(pending_before - ledger_.stats().pending_bytes.current));
+    aids_->on_host_sync_for_memory(fences,
+                                   static_cast<std::size_t>(pending_before - ledger_.stats().pending_bytes.current));
   }
 }
 

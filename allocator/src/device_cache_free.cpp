@@ -88,8 +88,8 @@ void DeviceCache::record_stream_not_live(const void* ptr, Stream stream) {
   ledger_.count(&DeviceStats::record_stream_unknown_ptr);
   if (aids_ == nullptr) return;
   const bool ours = segments_.containing(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
-  aids_->on_ignored_record_stream(ours ? IgnoredRecordStream::kAlreadyFreed : IgnoredRecordStream::kForeignPointer,
-                                  ptr, stream);
+  aids_->on_ignored_record_stream(ours ? IgnoredRecordStream::kAlreadyFreed : IgnoredRecordStream::kForeignPointer, ptr,
+                                  stream);
 }
 
 void DeviceCache::add_use(Block* block, Stream stream, NewUse how) {
@@ -164,8 +164,9 @@ void DeviceCache::park_hot(Shard& owner, Block* block) {
 // owner's fence has not settled yet (a settled block serves every stream from the free lists), and
 // room in the list (a fence may release many frees at once; the rest are merged).
 bool DeviceCache::park_released(Shard& owner, Block* block) {
-  if (!fences_.parks_released() || (aids_ != nullptr && aids_->beyond_history()) || !pools_.is_default(block->segment->owner) ||
-      block->segment->size_class != SizeClass::kSmall || grows_expandable(pools_.default_pool())) {
+  if (!fences_.parks_released() || (aids_ != nullptr && aids_->beyond_history()) ||
+      !pools_.is_default(block->segment->owner) || block->segment->size_class != SizeClass::kSmall ||
+      grows_expandable(pools_.default_pool())) {
     return false;
   }
   if (owner.hot.size() >= Shard::kHotBlocks || owner.fences.completed_seq() >= block->settle_seq) return false;
@@ -182,7 +183,8 @@ void DeviceCache::make_pending(Block* block) {
   ledger_.increase(&DeviceStats::pending_blocks, 1);
   ledger_.increase(&DeviceStats::pending_bytes, static_cast<std::int64_t>(block->size));
   for (Stream used : block->recorded_streams) shards_.get(used).fences.join_as_user(block);
-  if (aids_ != nullptr) note_pending_changed(block->since, block->recorded_streams.data(), block->recorded_streams.size());
+  if (aids_ != nullptr)
+    note_pending_changed(block->since, block->recorded_streams.data(), block->recorded_streams.size());
   if (!fences_.start_free_pass(block->since)) return;
   fence_after_free(block);
 }

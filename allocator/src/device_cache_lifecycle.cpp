@@ -14,8 +14,7 @@ std::size_t DeviceCache::memory_cap() const {
 // the free blocks of expandable segments (trim_expandable). cudaFree and unmapping are not allowed while a
 // graph captures, so nothing goes back then; the next call after the capture does it. Teardown
 // (`ask_streams` false) asks no stream: they may be destroyed by then, and no capture can be running.
-std::size_t DeviceCache::release_free_segments(std::size_t target_bytes, const MemoryPool* only,
-                                               bool ask_streams) {
+std::size_t DeviceCache::release_free_segments(std::size_t target_bytes, const MemoryPool* only, bool ask_streams) {
   if (ask_streams && any_stream_capturing()) return 0;
   std::size_t released = 0;
   for (Segment* segment : segments_.all()) {
@@ -28,7 +27,8 @@ std::size_t DeviceCache::release_free_segments(std::size_t target_bytes, const M
       continue;
     }
     Block* head = segment->head;
-    if (head->in_shard || head->state != BlockState::kFree || !head->settled || head->held || head->next != nullptr) continue;
+    if (head->in_shard || head->state != BlockState::kFree || !head->settled || head->held || head->next != nullptr)
+      continue;
     remove_free(head);
     --owner->segments;
     const SizeClass pool = segment->size_class;

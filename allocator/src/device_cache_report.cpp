@@ -109,17 +109,18 @@ void DeviceCache::throw_bad_free(const void* ptr, const char* what) const {
   shards_.lock_all();  // the segment's other blocks may be any stream's
   if (segment == nullptr) {
     throw Error(ErrorCode::kInvalidArgument,
-                prefix + "the pointer was not allocated by streamalloc on this device (foreign pointer, or the wrong "
-                         "device index). Nothing was freed. Free it with the allocator that returned it.");
+                prefix +
+                    "the pointer was not allocated by streamalloc on this device (foreign pointer, or the wrong "
+                    "device index). Nothing was freed. Free it with the allocator that returned it.");
   }
   for (const Block* b = segment->head; b != nullptr; b = b->next) {
     if (b->address == address) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  prefix + fmt::format("double free: the block of {} at this address is already {}. Nothing was "
-                                       "changed. Check for two owners of one tensor, or a free after a free.",
-                                       format_bytes(b->size),
-                                       b->state == BlockState::kPending ? "freed and waiting for its stream fences"
-                                                                        : "free"));
+      throw Error(
+          ErrorCode::kInvalidArgument,
+          prefix + fmt::format("double free: the block of {} at this address is already {}. Nothing was "
+                               "changed. Check for two owners of one tensor, or a free after a free.",
+                               format_bytes(b->size),
+                               b->state == BlockState::kPending ? "freed and waiting for its stream fences" : "free"));
     }
     if (address > b->address && address < b->address + b->size) {
       throw Error(ErrorCode::kInvalidArgument,

@@ -74,14 +74,16 @@ void DeviceCache::validate() const {
       }
       if (b->settle_seq < previous) broken(device_, "settle list of stream " + hex(stream) + " is out of order");
       if (b->settle_seq <= q->completed_seq()) {
-        broken(device_, "block " + hex(b->address) + " stayed unsettled after its fence completed (a completed fence "
-                                                     "must release exactly its batch)");
+        broken(device_, "block " + hex(b->address) +
+                            " stayed unsettled after its fence completed (a completed fence "
+                            "must release exactly its batch)");
       }
       previous = b->settle_seq;
     }
     for (const Block* b : state->hot) {
       if (!b->hot || !b->in_shard || b->state != BlockState::kFree || b->stream != stream) {
-        broken(device_, "hot list of stream " + hex(stream) + " holds block " + hex(b->address) + " that is not parked there");
+        broken(device_,
+               "hot list of stream " + hex(stream) + " holds block " + hex(b->address) + " that is not parked there");
       }
       if (state->live.find(b->address) != nullptr) {
         broken(device_, "block " + hex(b->address) + " is both live and parked in stream " + hex(stream) + "'s shard");
@@ -145,10 +147,9 @@ void DeviceCache::validate() const {
       if (b->segment != segment) broken(device_, "block " + hex(b->address) + " points to the wrong segment");
       if (b->prev != prev) broken(device_, "block " + hex(b->address) + " has a wrong prev link");
       // Blocks tile a fixed segment; in an expandable one only unmapped whole pages may lie between them.
-      if (b->address != expected_address &&
-          !(segment->expandable() && b->address > expected_address &&
-            (expected_address - address) % expandable_.page_bytes() == 0 &&
-            (b->address - address) % expandable_.page_bytes() == 0)) {
+      if (b->address != expected_address && !(segment->expandable() && b->address > expected_address &&
+                                              (expected_address - address) % expandable_.page_bytes() == 0 &&
+                                              (b->address - address) % expandable_.page_bytes() == 0)) {
         broken(device_, "segment " + hex(address) + " is not tiled by its blocks at " + hex(expected_address) +
                             " (a gap or an overlap)");
       }
@@ -162,15 +163,17 @@ void DeviceCache::validate() const {
       const Block* live = shard == nullptr ? nullptr : shard->live.find(b->address);
       const bool belongs_in_shard = b->state == BlockState::kAllocated || (b->state == BlockState::kFree && b->hot);
       if (b->in_shard != belongs_in_shard) {
-        broken(device_, "block " + hex(b->address) + (b->in_shard ? " is marked as in a shard but is neither live nor hot"
-                                                                   : " is live or hot but not marked as in its shard"));
+        broken(device_, "block " + hex(b->address) +
+                            (b->in_shard ? " is marked as in a shard but is neither live nor hot"
+                                         : " is live or hot but not marked as in its shard"));
       }
       if (b->in_shard && b->split_in_shard != b->is_split()) {
         broken(device_, "block " + hex(b->address) + " of a shard has a stale split flag");
       }
       if ((shards_.indexed(b->address) == b) != b->in_shard) {
-        broken(device_, "block " + hex(b->address) + (b->in_shard ? " is in a shard but not in the index of shard blocks"
-                                                                   : " is in the index of shard blocks but in no shard"));
+        broken(device_, "block " + hex(b->address) +
+                            (b->in_shard ? " is in a shard but not in the index of shard blocks"
+                                         : " is in the index of shard blocks but in no shard"));
       }
       if (b->in_shard) ++shard_indexed;
       switch (b->state) {
@@ -204,12 +207,14 @@ void DeviceCache::validate() const {
         case BlockState::kFree:
           if (live != nullptr) broken(device_, "free block " + hex(b->address) + " is in the live table");
           if (b->hot) {
-            if (!pools_.is_default(segment->owner)) broken(device_, "hot block " + hex(b->address) + " of a private pool");
+            if (!pools_.is_default(segment->owner))
+              broken(device_, "hot block " + hex(b->address) + " of a private pool");
             if (in_unsettled || in_settled || b->in_settle_list || b->settled) {
               broken(device_, "hot block " + hex(b->address) + " is also in a free index or settled");
             }
             ++hot_blocks;
-            if (b->counted_inactive_split != b->is_split()) broken(device_, "inactive_split accounting of block " + hex(b->address));
+            if (b->counted_inactive_split != b->is_split())
+              broken(device_, "inactive_split accounting of block " + hex(b->address));
             if (b->is_split()) {
               t.inactive_split += 1;
               t.inactive_split_bytes += size;
@@ -217,10 +222,12 @@ void DeviceCache::validate() const {
             break;
           }
           if (b->held) {
-            if (in_unsettled || in_settled || b->in_settle_list) broken(device_, "held block " + hex(b->address) + " is reusable");
+            if (in_unsettled || in_settled || b->in_settle_list)
+              broken(device_, "held block " + hex(b->address) + " is reusable");
             ++held;
             held_bytes += b->size;
-            if (b->counted_inactive_split != b->is_split()) broken(device_, "inactive_split accounting of block " + hex(b->address));
+            if (b->counted_inactive_split != b->is_split())
+              broken(device_, "inactive_split accounting of block " + hex(b->address));
             if (b->is_split()) {
               t.inactive_split += 1;
               t.inactive_split_bytes += size;
@@ -230,14 +237,17 @@ void DeviceCache::validate() const {
           if (b->settled ? (!in_settled || in_unsettled) : (!in_unsettled || in_settled)) {
             broken(device_, "free block " + hex(b->address) + " is not in exactly the index of its stream state");
           }
-          if (!b->settled && !b->in_settle_list) broken(device_, "unsettled block " + hex(b->address) + " is not in its stream's settle list");
-          if (b->settled && b->in_settle_list) broken(device_, "settled block " + hex(b->address) + " is still in a settle list");
+          if (!b->settled && !b->in_settle_list)
+            broken(device_, "unsettled block " + hex(b->address) + " is not in its stream's settle list");
+          if (b->settled && b->in_settle_list)
+            broken(device_, "settled block " + hex(b->address) + " is still in a settle list");
           ++free_blocks[b->settled ? 1 : 0];
           if (b->is_split()) {
             t.inactive_split += 1;
             t.inactive_split_bytes += size;
           }
-          if (b->counted_inactive_split != b->is_split()) broken(device_, "inactive_split accounting of block " + hex(b->address));
+          if (b->counted_inactive_split != b->is_split())
+            broken(device_, "inactive_split accounting of block " + hex(b->address));
           if (FreeLists::mergeable(b, b->next)) {
             broken(device_, "adjacent free blocks " + hex(b->address) + " and " + hex(b->next->address) +
                                 " that may merge were left unmerged");
@@ -253,13 +263,14 @@ void DeviceCache::validate() const {
   // Each (stream, size class) grows a segment of its own, which is still there.
   const std::vector<Segment*> all_segments = segments_.all();
   for (const auto& [key, segment] : expandable_.all_growing()) {
-    if (std::find(all_segments.begin(), all_segments.end(), segment) == all_segments.end() ||
-        !segment->expandable() || segment->stream != key.first || segment->size_class != key.second) {
+    if (std::find(all_segments.begin(), all_segments.end(), segment) == all_segments.end() || !segment->expandable() ||
+        segment->stream != key.first || segment->size_class != key.second) {
       broken(device_, "the expandable segment a stream grows is not one of its segments");
     }
   }
   if (hot_blocks != hot_listed) broken(device_, "a block is marked hot but is in no stream's hot list");
-  if (held != 0 && (aids_ == nullptr || !aids_->holds_blocks())) broken(device_, "a block is held but no aid holds blocks");
+  if (held != 0 && (aids_ == nullptr || !aids_->holds_blocks()))
+    broken(device_, "a block is held but no aid holds blocks");
   if (reserved != segments_.reserved_bytes()) broken(device_, "reserved byte count disagrees with the segments");
   if (live_blocks != shard_live) broken(device_, "the live table holds blocks that are not in any segment");
   if (shard_indexed != shards_.indexed_count()) broken(device_, "the index of shard blocks holds blocks of no segment");
@@ -281,8 +292,9 @@ void DeviceCache::validate() const {
   static const char* const kPoolNames[] = {"all", "small_pool", "large_pool"};
   const DeviceStats stats = stats_with_shards();
   for (int p = 0; p < kSizeClasses; ++p) {
-#define STREAMALLOC_CHECK(name, kind, help) \
-  check_stat(device_, (std::string(#name ".") + kPoolNames[p]).c_str(), stats.name[p], pools[p].name, !ledger_.accumulated_reset());
+#define STREAMALLOC_CHECK(name, kind, help)                                                           \
+  check_stat(device_, (std::string(#name ".") + kPoolNames[p]).c_str(), stats.name[p], pools[p].name, \
+             !ledger_.accumulated_reset());
     STREAMALLOC_POOL_STATS(STREAMALLOC_CHECK)
 #undef STREAMALLOC_CHECK
   }
@@ -306,8 +318,10 @@ void DeviceCache::validate() const {
   }
   check_stat(device_, "pending_blocks", ledger_.stats().pending_blocks, pending_blocks, !ledger_.accumulated_reset());
   check_stat(device_, "pending_bytes", ledger_.stats().pending_bytes, pending_bytes, !ledger_.accumulated_reset());
-  check_stat(device_, "oversize_allocations", ledger_.stats().oversize_allocations, oversize_allocations, !ledger_.accumulated_reset());
-  check_stat(device_, "oversize_segments", ledger_.stats().oversize_segments, oversize_segments, !ledger_.accumulated_reset());
+  check_stat(device_, "oversize_allocations", ledger_.stats().oversize_allocations, oversize_allocations,
+             !ledger_.accumulated_reset());
+  check_stat(device_, "oversize_segments", ledger_.stats().oversize_segments, oversize_segments,
+             !ledger_.accumulated_reset());
 
   // The aids check their own state: the quarantine against the held blocks, the pending history
   // against each stream's pending stats.

@@ -12,9 +12,10 @@ void ExpandableSegments::set_up(bool option, Backend& backend, int device) {
   if (!backend.supports_virtual_memory(device)) {
     static std::atomic<bool> told{false};
     if (!told.exchange(true)) {
-      log().warn("expandable_segments: the {} backend has no virtual memory on device {}; the cache uses fixed "
-                 "segments there (docs/options.md)",
-                 backend.name(), device);
+      log().warn(
+          "expandable_segments: the {} backend has no virtual memory on device {}; the cache uses fixed "
+          "segments there (docs/options.md)",
+          backend.name(), device);
     }
     return;
   }

@@ -35,7 +35,8 @@ class ExpandableSegments {
   }
   // `segment` is released: no (stream, size class) grows it any more.
   void forget(const Segment* segment) {
-    for (auto it = growing_.begin(); it != growing_.end();) it = it->second == segment ? growing_.erase(it) : std::next(it);
+    for (auto it = growing_.begin(); it != growing_.end();)
+      it = it->second == segment ? growing_.erase(it) : std::next(it);
   }
   const Growing& all_growing() const { return growing_; }
 

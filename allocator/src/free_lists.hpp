@@ -60,9 +60,9 @@ class FreeLists {
   }
 
   // Merge rule: two address neighbours merge when both are free and indexed (not parked in a hot list,
-  // not held back), touch (no unmapped pages between them) and either settled, or owned by one stream, or one settled and one owned: settled
-  // memory is safe for the owner too, so the merged block stays owned and settles with the owner's
-  // fence (keeping them apart strands settled memory next to every owned block).
+  // not held back), touch (no unmapped pages between them) and either settled, or owned by one stream, or one settled
+  // and one owned: settled memory is safe for the owner too, so the merged block stays owned and settles with the
+  // owner's fence (keeping them apart strands settled memory next to every owned block).
   static bool mergeable(const Block* a, const Block* b) {
     if (a == nullptr || b == nullptr) return false;
     if (a->in_shard || b->in_shard) return false;  // first: a shard's blocks are read under its lock only
@@ -104,7 +104,9 @@ class FreeLists {
   }
 
   bool contains_owned(Block* block) const { return owned_[class_index(block->segment->size_class)].contains(block); }
-  bool contains_settled(Block* block) const { return settled_[class_index(block->segment->size_class)].contains(block); }
+  bool contains_settled(Block* block) const {
+    return settled_[class_index(block->segment->size_class)].contains(block);
+  }
   std::size_t owned_count() const;
   std::size_t settled_count() const;
   template <typename F>

@@ -26,7 +26,8 @@ void HistoryRecorder::configure(const HistorySettings& settings) {
     std::vector<TraceEntry> ordered;
     ordered.reserve(ring_.size());
     for (std::size_t i = 0; i < ring_.size(); ++i) ordered.push_back(std::move(ring_[(next_ + i) % ring_.size()]));
-    if (ordered.size() > max_entries) ordered.erase(ordered.begin(), ordered.end() - static_cast<std::ptrdiff_t>(max_entries));
+    if (ordered.size() > max_entries)
+      ordered.erase(ordered.begin(), ordered.end() - static_cast<std::ptrdiff_t>(max_entries));
     ring_ = std::move(ordered);
     next_ = ring_.size() == max_entries ? 0 : ring_.size();
     max_entries_ = max_entries;
@@ -41,8 +42,10 @@ bool HistoryRecorder::enabled() const {
 void HistoryRecorder::keep_live_context(const TraceEntry& entry, const TraceContextPtr& context) {
   switch (entry.action) {
     case TraceAction::kAlloc: {
-      if (context) live_.blocks[entry.address] = context;
-      else live_.blocks.erase(entry.address);
+      if (context)
+        live_.blocks[entry.address] = context;
+      else
+        live_.blocks.erase(entry.address);
       const auto segment = segment_bytes_.find(entry.address);
       if (segment != segment_bytes_.end() && entry.size < segment->second) {
         live_.segments.erase(entry.address);
@@ -50,9 +53,7 @@ void HistoryRecorder::keep_live_context(const TraceEntry& entry, const TraceCont
       }
       break;
     }
-    case TraceAction::kFreeCompleted:
-      live_.blocks.erase(entry.address);
-      break;
+    case TraceAction::kFreeCompleted: live_.blocks.erase(entry.address); break;
     case TraceAction::kSegmentAlloc:
       if (context) {
         live_.segments[entry.address] = context;
@@ -69,11 +70,8 @@ void HistoryRecorder::keep_live_context(const TraceEntry& entry, const TraceCont
     case TraceAction::kSegmentMap:  // the context of the first map at an address, as PyTorch keeps it
       if (context) live_.segments.emplace(entry.address, context);
       break;
-    case TraceAction::kSegmentUnmap:
-      live_.segments.erase(entry.address);
-      break;
-    default:
-      break;
+    case TraceAction::kSegmentUnmap: live_.segments.erase(entry.address); break;
+    default: break;
   }
 }
 

@@ -90,7 +90,7 @@ class LiveMap {
     Block* block = nullptr;
   };
   using Slots = std::vector<Slot, CacheLineAllocator<Slot>>;  // the table a stream's fast path writes
-  static constexpr std::size_t kInitialCapacity = 256;  // a power of two
+  static constexpr std::size_t kInitialCapacity = 256;        // a power of two
 
   // Fibonacci hashing of the address without its low bits (blocks are 512-byte aligned), which spreads
   // neighbouring blocks over the table.

@@ -28,15 +28,12 @@ struct EnumName {
 
 constexpr EnumName<BackendKind> kBackendNames[] = {
     {BackendKind::kAuto, "auto"}, {BackendKind::kCuda, "cuda"}, {BackendKind::kSim, "sim"}};
-constexpr EnumName<CrossStreamReuse> kReuseNames[] = {{CrossStreamReuse::kNever, "never"},
-                                                      {CrossStreamReuse::kSettled, "settled"},
-                                                      {CrossStreamReuse::kWait, "wait"}};
+constexpr EnumName<CrossStreamReuse> kReuseNames[] = {
+    {CrossStreamReuse::kNever, "never"}, {CrossStreamReuse::kSettled, "settled"}, {CrossStreamReuse::kWait, "wait"}};
 constexpr EnumName<AuditMode> kAuditNames[] = {
     {AuditMode::kOff, "off"}, {AuditMode::kWarn, "warn"}, {AuditMode::kTrace, "trace"}};
-constexpr EnumName<PoisonMode> kPoisonNames[] = {{PoisonMode::kOff, "off"},
-                                                 {PoisonMode::kFree, "free"},
-                                                 {PoisonMode::kAlloc, "alloc"},
-                                                 {PoisonMode::kBoth, "both"}};
+constexpr EnumName<PoisonMode> kPoisonNames[] = {
+    {PoisonMode::kOff, "off"}, {PoisonMode::kFree, "free"}, {PoisonMode::kAlloc, "alloc"}, {PoisonMode::kBoth, "both"}};
 // spdlog's level names, spelled as spdlog::level::from_str accepts them.
 constexpr const char* kLogLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
 
@@ -115,7 +112,7 @@ bool parse_fraction(std::string_view text, double* out) {
 struct OptionSpec {
   const char* key;
   const char* help;
-  std::string (*accepted)();                             // for error messages and docs
+  std::string (*accepted)();                              // for error messages and docs
   bool (*set)(Options& options, std::string_view value);  // false: value not accepted
   std::string (*get)(const Options& options);             // the value as parse() accepts it
 };
@@ -151,8 +148,7 @@ const OptionSpec kOptionTable[] = {
        return true;
      },
      [](const Options& o) { return mb_string(o.max_split_size_bytes); }},
-    {"roundup_power2_divisions",
-     "round requests up to this many divisions between powers of two; 0 or 1 = off",
+    {"roundup_power2_divisions", "round requests up to this many divisions between powers of two; 0 or 1 = off",
      [] { return std::string("0, 1, 2, 4, 8, 16, 32 or 64"); },
      [](Options& o, std::string_view v) {
        std::uint64_t n = 0;
@@ -181,8 +177,7 @@ const OptionSpec kOptionTable[] = {
        return false;
      },
      [](const Options& o) { return o.log_level; }},
-    {"audit",
-     "audit of stream usage: redundant or late record_stream, long-pending blocks, OOM holders",
+    {"audit", "audit of stream usage: redundant or late record_stream, long-pending blocks, OOM holders",
      [] { return join_names(kAuditNames); },
      [](Options& o, std::string_view v) { return value_of(kAuditNames, v, &o.audit); },
      [](const Options& o) -> std::string { return to_string(o.audit); }},
@@ -203,8 +198,7 @@ const OptionSpec kOptionTable[] = {
        return true;
      },
      [](const Options& o) { return std::to_string(o.pending_warn_ms); }},
-    {"poison",
-     "fill blocks with 0xFF in stream order: once truly free (free), when handed out (alloc), or both",
+    {"poison", "fill blocks with 0xFF in stream order: once truly free (free), when handed out (alloc), or both",
      [] { return join_names(kPoisonNames); },
      [](Options& o, std::string_view v) { return value_of(kPoisonNames, v, &o.poison); },
      [](const Options& o) -> std::string { return to_string(o.poison); }},
@@ -212,8 +206,7 @@ const OptionSpec kOptionTable[] = {
      [] { return std::string("an unsigned integer (MB)"); },
      [](Options& o, std::string_view v) { return parse_mb(v, &o.quarantine_bytes); },
      [](const Options& o) { return mb_string(o.quarantine_bytes); }},
-    {"check_sync",
-     "warn when record_stream names a stream that has not synchronized with the allocation stream",
+    {"check_sync", "warn when record_stream names a stream that has not synchronized with the allocation stream",
      [] { return std::string("0|1|true|false"); },
      [](Options& o, std::string_view v) {
        if (v == "1" || v == "true") {
@@ -226,8 +219,7 @@ const OptionSpec kOptionTable[] = {
        return true;
      },
      [](const Options& o) -> std::string { return o.check_sync ? "1" : "0"; }},
-    {"pending_history",
-     "keep the last N changes of each stream's pending bytes per device, for a timeline (0 = off)",
+    {"pending_history", "keep the last N changes of each stream's pending bytes per device, for a timeline (0 = off)",
      [] { return "an unsigned integer <= " + std::to_string(kMaxPendingHistory) + " (samples; 0 = off)"; },
      [](Options& o, std::string_view v) {
        std::uint64_t samples = 0;
@@ -300,9 +292,7 @@ std::string join_keys(const OptionSpec (&table)[N]) {
   return joined;
 }
 
-std::string known_keys() {
-  return join_keys(kOptionTable) + " (simulated device: " + join_keys(kSimOptionTable) + ")";
-}
+std::string known_keys() { return join_keys(kOptionTable) + " (simulated device: " + join_keys(kSimOptionTable) + ")"; }
 
 std::string_view trim(std::string_view text) {
   constexpr std::string_view kSpace = " \t\r\n";
@@ -313,20 +303,18 @@ std::string_view trim(std::string_view text) {
 }
 
 // " in SOURCE" for messages; "" when there is no source (one key set from code).
-std::string in_source(std::string_view source) {
-  return source.empty() ? std::string() : " in " + std::string(source);
-}
+std::string in_source(std::string_view source) { return source.empty() ? std::string() : " in " + std::string(source); }
 
 void set_option(Options& options, std::string_view key, std::string_view value, std::string_view source) {
   const OptionSpec* spec = find_option(key);
   if (spec == nullptr) {
-    throw Error(ErrorCode::kConfig, "streamalloc: unknown option '" + std::string(key) + "'" +
-                                        in_source(source) + "; known options: " + known_keys());
+    throw Error(ErrorCode::kConfig, "streamalloc: unknown option '" + std::string(key) + "'" + in_source(source) +
+                                        "; known options: " + known_keys());
   }
   Options updated = options;  // a rejected value leaves the options unchanged
   if (!spec->set(updated, value)) {
-    throw Error(ErrorCode::kConfig, "streamalloc: bad value '" + std::string(value) + "' for option '" +
-                                        spec->key + "'; accepted: " + spec->accepted());
+    throw Error(ErrorCode::kConfig, "streamalloc: bad value '" + std::string(value) + "' for option '" + spec->key +
+                                        "'; accepted: " + spec->accepted());
   }
   options = std::move(updated);
 }
@@ -379,19 +367,18 @@ void Options::update(std::string_view conf, std::string_view source) {
 
     const auto colon = item.find(':');
     if (colon == std::string_view::npos) {
-      throw Error(ErrorCode::kConfig, "streamalloc: malformed item '" + std::string(item) + "'" +
-                                          in_source(source) + ": expected key:value, e.g. audit:warn");
+      throw Error(ErrorCode::kConfig, "streamalloc: malformed item '" + std::string(item) + "'" + in_source(source) +
+                                          ": expected key:value, e.g. audit:warn");
     }
     const std::string_view key = trim(item.substr(0, colon));
     const std::string_view value = trim(item.substr(colon + 1));
     if (key.empty()) {
-      throw Error(ErrorCode::kConfig, "streamalloc: malformed item '" + std::string(item) + "'" +
-                                          in_source(source) + ": empty key before ':'; known options: " +
-                                          known_keys());
+      throw Error(ErrorCode::kConfig, "streamalloc: malformed item '" + std::string(item) + "'" + in_source(source) +
+                                          ": empty key before ':'; known options: " + known_keys());
     }
     if (!seen.insert(std::string(key)).second) {
-      throw Error(ErrorCode::kConfig, "streamalloc: option '" + std::string(key) + "' given twice" +
-                                          in_source(source) + "; give each option once");
+      throw Error(ErrorCode::kConfig, "streamalloc: option '" + std::string(key) + "' given twice" + in_source(source) +
+                                          "; give each option once");
     }
     set_option(updated, key, value, source);
   }

@@ -30,9 +30,10 @@ class PendingHistoryAid final : public DebugAid {
       const StreamPending* now = check.pending_of(stream);
       if (now == nullptr || sample->pending_bytes != now->pending_bytes.current ||
           sample->pending_blocks != now->pending_blocks.current) {
-        check.broken("pending history of stream " + hex(stream) + " ends at " + std::to_string(sample->pending_bytes) +
-                     " bytes, but the stream has " +
-                     (now == nullptr ? std::string("no fence queue") : std::to_string(now->pending_bytes.current) + " pending"));
+        check.broken(
+            "pending history of stream " + hex(stream) + " ends at " + std::to_string(sample->pending_bytes) +
+            " bytes, but the stream has " +
+            (now == nullptr ? std::string("no fence queue") : std::to_string(now->pending_bytes.current) + " pending"));
       }
     }
     if (history.samples.size() > history.capacity || history.recorded < history.samples.size()) {

@@ -21,9 +21,8 @@ class PendingRecorder {
   bool enabled() const { return capacity_ != 0; }
 
   void record(Clock::time_point when, Stream stream, const StreamPending& pending) {
-    const PendingSample sample{
-        std::chrono::duration_cast<std::chrono::microseconds>(when.time_since_epoch()).count(), stream,
-        pending.pending_bytes.current, pending.pending_blocks.current};
+    const PendingSample sample{std::chrono::duration_cast<std::chrono::microseconds>(when.time_since_epoch()).count(),
+                               stream, pending.pending_bytes.current, pending.pending_blocks.current};
     // The ring grows to its capacity first, so an unused history costs no memory.
     if (ring_.size() < capacity_) {
       ring_.push_back(sample);

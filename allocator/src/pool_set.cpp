@@ -20,9 +20,9 @@ MemoryPool* PoolSet::find(PoolId pool) {
 
 MemoryPool& PoolSet::private_pool(PoolId pool, const char* operation) {
   if (pool.is_default()) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("streamalloc: {} needs a private memory pool, but {} is the default pool", operation,
-                            name(pool)));
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("streamalloc: {} needs a private memory pool, but {} is the default pool", operation, name(pool)));
   }
   MemoryPool* found = find(pool);
   if (found == nullptr) {

@@ -111,10 +111,9 @@ std::string format_pending_by_stream(const std::vector<SegmentInfo>& segments, c
   }
   if (total.pending_blocks == 0) {
     return fmt::format("Pending frees by allocation stream: none (no freed block waits for a fence){}.\n",
-                       total.unsettled_bytes == 0
-                           ? ""
-                           : fmt::format("; {} free on its own stream, not settled yet",
-                                         format_bytes(total.unsettled_bytes)));
+                       total.unsettled_bytes == 0 ? ""
+                                                  : fmt::format("; {} free on its own stream, not settled yet",
+                                                                format_bytes(total.unsettled_bytes)));
   }
   const auto columns = [](const auto&... cells) {
     return fmt::format("  {:<16} {:>14} {:>14}  {:<22} {:>17}\n", cells...);
@@ -136,8 +135,7 @@ std::string format_pending_by_stream(const std::vector<SegmentInfo>& segments, c
 
 std::string format_block_report(const std::vector<SegmentInfo>& segments, std::size_t max_rows,
                                 const StreamNames& stream_names) {
-  return format_block_table(segments, max_rows, stream_names) + "\n" +
-         format_pending_by_stream(segments, stream_names);
+  return format_block_table(segments, max_rows, stream_names) + "\n" + format_pending_by_stream(segments, stream_names);
 }
 
 }  // namespace streamalloc

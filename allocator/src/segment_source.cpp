@@ -61,8 +61,7 @@ Segment* SegmentSource::reserve(SizeClass pool, MemoryPool* owner, std::size_t b
   return add(reinterpret_cast<std::uintptr_t>(memory), bytes, pool, owner, stream);
 }
 
-bool SegmentSource::map_pieces(std::uintptr_t at, std::size_t bytes, std::size_t piece_bytes,
-                               SegmentPieces* pieces) {
+bool SegmentSource::map_pieces(std::uintptr_t at, std::size_t bytes, std::size_t piece_bytes, SegmentPieces* pieces) {
   std::size_t mapped = 0;
   // Takes back what this call mapped. Fresh memory no work has used: no device sync, so this works
   // while a stream captures, as the maps themselves do.
@@ -93,8 +92,7 @@ bool SegmentSource::map_pieces(std::uintptr_t at, std::size_t bytes, std::size_t
 }
 
 Segment* SegmentSource::reserve_expandable(SizeClass pool, MemoryPool* owner, std::size_t range_bytes,
-                                           std::size_t bytes, std::size_t piece_bytes, Stream stream,
-                                           Refusal* why) {
+                                           std::size_t bytes, std::size_t piece_bytes, Stream stream, Refusal* why) {
   void* range = backend_.reserve_address_range(device_, range_bytes);
   if (range == nullptr) {
     *why = Refusal::kNoAddressSpace;

@@ -132,9 +132,9 @@ class ShardSet {
 
   Backend& backend_;
   const int device_;
-  ShardTable table_;  // what the fast path reads; written under the device lock
+  ShardTable table_;                              // what the fast path reads; written under the device lock
   alignas(kCacheLine) mutable std::mutex mutex_;  // the device lock
-  mutable std::vector<Shard*> locked_;  // by the device-locked call now running
+  mutable std::vector<Shard*> locked_;            // by the device-locked call now running
 #ifndef NDEBUG
   mutable std::thread::id device_lock_owner_;  // written under the device lock
 #endif

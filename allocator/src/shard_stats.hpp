@@ -41,7 +41,7 @@ enum FastStat : int {
 #define STREAMALLOC_FAST_STAT_ENUM(name, id) id,
   STREAMALLOC_FAST_PATH_STATS(STREAMALLOC_FAST_STAT_ENUM)
 #undef STREAMALLOC_FAST_STAT_ENUM
-  kFastStats
+      kFastStats
 };
 
 // Each FastStat's field in DeviceStats, and its name there.

@@ -79,9 +79,9 @@ struct SimEvent {
 struct Item {
   enum class Kind { kWork, kRecord, kWait };
   Kind kind = Kind::kWork;
-  std::function<void()> work;        // kWork (user work and memsets)
-  std::shared_ptr<SimEvent> event;   // kRecord, kWait: keeps a destroyed event alive until run
-  std::uint64_t generation = 0;      // kRecord: this record's; kWait: the awaited record's
+  std::function<void()> work;       // kWork (user work and memsets)
+  std::shared_ptr<SimEvent> event;  // kRecord, kWait: keeps a destroyed event alive until run
+  std::uint64_t generation = 0;     // kRecord: this record's; kWait: the awaited record's
 };
 
 struct StreamQueue {
@@ -99,8 +99,8 @@ struct DeviceState {
   std::size_t limit = 0;
   std::size_t reserved = 0;
   std::map<std::uintptr_t, std::size_t> allocations;  // address -> bytes; ordered for range checks
-  AddressRanges ranges{2 * MiB};                       // the page size is set from the Config
-  int maps_to_refuse = 0;                              // fail_next_maps()
+  AddressRanges ranges{2 * MiB};                      // the page size is set from the Config
+  int maps_to_refuse = 0;                             // fail_next_maps()
   StreamQueue default_stream;
   int capturing_streams = 0;
 
@@ -144,7 +144,8 @@ void* reserve_host_range(std::size_t bytes, std::size_t alignment) {
 // Unmapping pages: fresh inaccessible pages replace them, and the host drops their memory.
 void drop_host_pages(void* at, std::size_t bytes, const std::string& call) {
   if (mmap(at, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED) {
-    throw Error(ErrorCode::kBackend, call + ": the host could not unmap the pages (errno " + std::to_string(errno) + ")");
+    throw Error(ErrorCode::kBackend,
+                call + ": the host could not unmap the pages (errno " + std::to_string(errno) + ")");
   }
 }
 
@@ -153,9 +154,8 @@ void drop_host_pages(void* at, std::size_t bytes, const std::string& call) {
 std::size_t unmap_mappings(DeviceState& dev, std::uintptr_t at, std::size_t bytes, const std::string& call) {
   drop_host_pages(reinterpret_cast<void*>(at), bytes, call);
   std::vector<std::uintptr_t> unmapped;
-  dev.ranges.for_each_mapping_in(at, bytes, [&](std::uintptr_t mapping, std::size_t, AddressRanges::Handle) {
-    unmapped.push_back(mapping);
-  });
+  dev.ranges.for_each_mapping_in(
+      at, bytes, [&](std::uintptr_t mapping, std::size_t, AddressRanges::Handle) { unmapped.push_back(mapping); });
   for (std::uintptr_t mapping : unmapped) dev.ranges.remove_mapping(mapping);
   return unmapped.size();
 }
@@ -178,8 +178,8 @@ struct SimBackend::State {
 
   DeviceState& device(int index, const char* call) {
     if (index < 0 || index >= static_cast<int>(devices.size())) {
-      throw Error(ErrorCode::kBackend, std::string("SimBackend::") + call + ": device " +
-                                           std::to_string(index) + " does not exist (the simulated device has " +
+      throw Error(ErrorCode::kBackend, std::string("SimBackend::") + call + ": device " + std::to_string(index) +
+                                           " does not exist (the simulated device has " +
                                            std::to_string(devices.size()) + " device(s))");
     }
     return devices[static_cast<std::size_t>(index)];
@@ -265,9 +265,7 @@ struct SimBackend::State {
     Item item = std::move(q.items.front());
     q.items.pop_front();
     switch (item.kind) {
-      case Item::Kind::kWork:
-        run_host(lock, q, item.work);
-        return;
+      case Item::Kind::kWork: run_host(lock, q, item.work); return;
       case Item::Kind::kRecord: {
         auto& pending = item.event->outstanding;
         for (auto it = pending.begin(); it != pending.end(); ++it) {
@@ -278,8 +276,7 @@ struct SimBackend::State {
         }
         break;
       }
-      case Item::Kind::kWait:
-        break;
+      case Item::Kind::kWait: break;
     }
     ++q.finished;
   }
@@ -371,15 +368,16 @@ SimBackend::SimBackend() : SimBackend(Config{}) {}
 
 SimBackend::SimBackend(Config config) : state_(std::make_unique<State>()) {
   if (config.device_count < 1) {
-    throw Error(ErrorCode::kConfig, "SimBackend: device_count must be at least 1, got " +
-                                        std::to_string(config.device_count));
+    throw Error(ErrorCode::kConfig,
+                "SimBackend: device_count must be at least 1, got " + std::to_string(config.device_count));
   }
   const auto host_page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
   const std::size_t granularity = config.vm_granularity;
   if (granularity == 0 || (granularity & (granularity - 1)) != 0 || granularity % host_page != 0) {
-    throw Error(ErrorCode::kConfig, "SimBackend: vm_granularity must be a power of two and a multiple of the host "
-                                    "page size (" + std::to_string(host_page) + " bytes), got " +
-                                        std::to_string(granularity));
+    throw Error(ErrorCode::kConfig,
+                "SimBackend: vm_granularity must be a power of two and a multiple of the host "
+                "page size (" +
+                    std::to_string(host_page) + " bytes), got " + std::to_string(granularity));
   }
   state_->config = config;
   state_->devices.resize(static_cast<std::size_t>(config.device_count));
@@ -394,9 +392,8 @@ SimBackend::~SimBackend() {
   // Queued work is dropped unrun; memory the caller never released (leak tests) is freed here.
   for (DeviceState& dev : state_->devices) {
     for (const auto& [address, bytes] : dev.allocations) std::free(reinterpret_cast<void*>(address));
-    dev.ranges.for_each_range([](std::uintptr_t base, std::size_t bytes) {
-      munmap(reinterpret_cast<void*>(base), bytes);
-    });
+    dev.ranges.for_each_range(
+        [](std::uintptr_t base, std::size_t bytes) { munmap(reinterpret_cast<void*>(base), bytes); });
   }
 }
 
@@ -408,8 +405,8 @@ void* SimBackend::reserve(int device, std::size_t bytes) {
   State::Lock lock(state_->mutex);
   DeviceState& dev = state_->device(device, "reserve");
   if (bytes == 0) {
-    throw Error(ErrorCode::kBackend, "SimBackend::reserve(device " + std::to_string(device) +
-                                         "): zero-byte reservation requested");
+    throw Error(ErrorCode::kBackend,
+                "SimBackend::reserve(device " + std::to_string(device) + "): zero-byte reservation requested");
   }
   ++state_->counters.reserve_calls;
   if (!dev.fits(bytes)) return nullptr;
@@ -428,8 +425,8 @@ void SimBackend::release(int device, void* ptr, std::size_t bytes) {
   state_->refuse_during_capture(device, "release");
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   auto check = [&](std::map<std::uintptr_t, std::size_t>::iterator it) {
-    const std::string call = "SimBackend::release(device " + std::to_string(device) + ", " + hex(ptr) + ", " +
-                             std::to_string(bytes) + ")";
+    const std::string call =
+        "SimBackend::release(device " + std::to_string(device) + ", " + hex(ptr) + ", " + std::to_string(bytes) + ")";
     if (it == dev.allocations.end()) {
       throw Error(ErrorCode::kBackend,
                   call + ": pointer was not returned by reserve() on this device (double release or foreign pointer)");
@@ -476,7 +473,8 @@ void SimBackend::record_event(int device, Event event, Stream stream) {
     // On CUDA the record would become a node of the graph, never a fence the host can query.
     ++state_->counters.capture_violations;
     throw Error(ErrorCode::kBackend, "SimBackend::record_event(device " + std::to_string(device) + ", stream " +
-                                         hex(stream) + "): the stream captures a graph; the event would be part of "
+                                         hex(stream) +
+                                         "): the stream captures a graph; the event would be part of "
                                          "the graph, not a fence");
   }
   ++state_->counters.event_records;
@@ -504,7 +502,8 @@ bool SimBackend::query_stream(int device, Stream stream) {
   if (q.capturing) {
     ++state_->counters.capture_violations;
     throw Error(ErrorCode::kBackend, "SimBackend::query_stream(device " + std::to_string(device) + ", stream " +
-                                         hex(stream) + "): the stream captures a graph (cudaErrorStreamCaptureUnsupported)");
+                                         hex(stream) +
+                                         "): the stream captures a graph (cudaErrorStreamCaptureUnsupported)");
   }
   state_->refuse_during_capture_unless_relaxed(device, "query_stream");
   ++state_->counters.stream_queries;
@@ -558,8 +557,9 @@ void SimBackend::memset_async(int device, void* ptr, int value, std::size_t byte
     const std::string call = "SimBackend::memset_async(device " + std::to_string(device) + ", " + hex(ptr) + ", " +
                              std::to_string(bytes) + " bytes)";
     if (dev.ranges.reserved(address, bytes == 0 ? 1 : bytes)) {
-      throw Error(ErrorCode::kBackend, call + ": range touches pages of a reserved address range that are not "
-                                              "mapped (a device access there faults)");
+      throw Error(ErrorCode::kBackend, call +
+                                           ": range touches pages of a reserved address range that are not "
+                                           "mapped (a device access there faults)");
     }
     throw Error(ErrorCode::kBackend, call + ": range is not inside memory reserved on this device");
   }

@@ -8,13 +8,13 @@
 
 namespace streamalloc::size_policy {
 
-inline constexpr std::size_t kMinBlockSize = 512;            // every size rounds up to this
-inline constexpr std::size_t kSmallSize = 1 * MiB;           // largest request served by small segments
-inline constexpr std::size_t kSmallSegment = 2 * MiB;        // segment size for small requests
-inline constexpr std::size_t kLargeSegment = 20 * MiB;       // segment size for requests below kMinLargeAlloc
-inline constexpr std::size_t kMinLargeAlloc = 10 * MiB;      // from here requests get their own segment
-inline constexpr std::size_t kSegmentRounding = 2 * MiB;     // own segments round up to this
-inline constexpr std::size_t kLargeBuffer = 20 * MiB;        // slack tolerated above max_split_size
+inline constexpr std::size_t kMinBlockSize = 512;         // every size rounds up to this
+inline constexpr std::size_t kSmallSize = 1 * MiB;        // largest request served by small segments
+inline constexpr std::size_t kSmallSegment = 2 * MiB;     // segment size for small requests
+inline constexpr std::size_t kLargeSegment = 20 * MiB;    // segment size for requests below kMinLargeAlloc
+inline constexpr std::size_t kMinLargeAlloc = 10 * MiB;   // from here requests get their own segment
+inline constexpr std::size_t kSegmentRounding = 2 * MiB;  // own segments round up to this
+inline constexpr std::size_t kLargeBuffer = 20 * MiB;     // slack tolerated above max_split_size
 
 // Blocks and segments of at least max_split_size are oversize: never split, never carved into smaller
 // requests, counted in oversize_allocations/oversize_segments. The one place that says what oversize is.
@@ -39,7 +39,9 @@ inline std::size_t round_size(std::size_t requested, const Options& options) {
   }
   return round_up(requested, kMinBlockSize);
 }
-inline SizeClass size_class_for(std::size_t rounded) { return rounded <= kSmallSize ? SizeClass::kSmall : SizeClass::kLarge; }
+inline SizeClass size_class_for(std::size_t rounded) {
+  return rounded <= kSmallSize ? SizeClass::kSmall : SizeClass::kLarge;
+}
 // Bytes to reserve from the device for a block of `rounded` bytes.
 std::size_t segment_size_for(std::size_t rounded);
 // Whether a free block of `block_size` may serve a request of `rounded` bytes (max_split_size rules).

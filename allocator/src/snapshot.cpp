@@ -172,10 +172,10 @@ BlockInfo::State read_state(const Fields& block) {
   for (auto candidate : {BlockInfo::State::kAllocated, BlockInfo::State::kPendingFree, BlockInfo::State::kFree}) {
     if (state == to_string(candidate)) return candidate;
   }
-  malformed(block.path("state"),
-            fmt::format("unknown block state \"{}\" (expected {}, {} or {})", state,
-                        to_string(BlockInfo::State::kAllocated), to_string(BlockInfo::State::kPendingFree),
-                        to_string(BlockInfo::State::kFree)));
+  malformed(
+      block.path("state"),
+      fmt::format("unknown block state \"{}\" (expected {}, {} or {})", state, to_string(BlockInfo::State::kAllocated),
+                  to_string(BlockInfo::State::kPendingFree), to_string(BlockInfo::State::kFree)));
 }
 
 BlockInfo read_block(const Fields& block, std::uintptr_t segment_address) {

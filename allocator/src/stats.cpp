@@ -96,17 +96,21 @@ std::string DeviceStats::to_json(const std::vector<PoolInfo>& pools) const {
 }
 
 std::string PendingHistory::to_json(int device) const {
-  nlohmann::json time_us = nlohmann::json::array(), stream = nlohmann::json::array(),
-                 bytes = nlohmann::json::array(), blocks = nlohmann::json::array();
+  nlohmann::json time_us = nlohmann::json::array(), stream = nlohmann::json::array(), bytes = nlohmann::json::array(),
+                 blocks = nlohmann::json::array();
   for (const PendingSample& s : samples) {
     time_us.push_back(s.time_us);
     stream.push_back(s.stream);
     bytes.push_back(s.pending_bytes);
     blocks.push_back(s.pending_blocks);
   }
-  return nlohmann::json{{"device", device},        {"capacity", capacity},      {"recorded", recorded},
-                        {"time_us", std::move(time_us)}, {"stream", std::move(stream)},
-                        {"pending_bytes", std::move(bytes)}, {"pending_blocks", std::move(blocks)}}
+  return nlohmann::json{{"device", device},
+                        {"capacity", capacity},
+                        {"recorded", recorded},
+                        {"time_us", std::move(time_us)},
+                        {"stream", std::move(stream)},
+                        {"pending_bytes", std::move(bytes)},
+                        {"pending_blocks", std::move(blocks)}}
       .dump();
 }
 

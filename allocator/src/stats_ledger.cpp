@@ -89,8 +89,8 @@ void StatsLedger::for_each_stat(F&& visit) {
   for (Stat & s : stats_.name) visit(s);
   STREAMALLOC_POOL_STATS(STREAMALLOC_VISIT)
 #undef STREAMALLOC_VISIT
-  for (Stat* s : {&stats_.pending_blocks, &stats_.pending_bytes, &stats_.oversize_allocations,
-                  &stats_.oversize_segments}) {
+  for (Stat* s :
+       {&stats_.pending_blocks, &stats_.pending_bytes, &stats_.oversize_allocations, &stats_.oversize_segments}) {
     visit(*s);
   }
 }

@@ -83,8 +83,7 @@ void record_stream(TraceSink& sink, int device, const Block& block, Stream strea
   sink.record(std::move(entry), true);
 }
 
-void out_of_memory(TraceSink& sink, int device, std::size_t device_free, std::size_t size, Stream stream,
-                   PoolId pool) {
+void out_of_memory(TraceSink& sink, int device, std::size_t device_free, std::size_t size, Stream stream, PoolId pool) {
   // PyTorch's convention: an OOM entry's address is the device's free bytes.
   sink.record(make_entry(TraceAction::kOom, device, device_free, size, stream, pool), true);
 }

@@ -23,8 +23,8 @@ namespace streamalloc::trace_events {
 [[gnu::cold]] void segment_pages(TraceSink& sink, TraceAction action, int device, const Segment& segment,
                                  std::uintptr_t address, std::size_t bytes);
 [[gnu::cold]] void record_stream(TraceSink& sink, int device, const Block& block, Stream stream);
-[[gnu::cold]] void out_of_memory(TraceSink& sink, int device, std::size_t device_free, std::size_t size,
-                                 Stream stream, PoolId pool);
+[[gnu::cold]] void out_of_memory(TraceSink& sink, int device, std::size_t device_free, std::size_t size, Stream stream,
+                                 PoolId pool);
 [[gnu::cold]] void snapshot(TraceSink& sink, int device, std::size_t active_bytes);
 
 }  // namespace streamalloc::trace_events

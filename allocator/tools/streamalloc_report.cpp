@@ -61,9 +61,8 @@ bool read_all(const std::string& path, std::string* text, std::string* error) {
 int main(int argc, char** argv) {
   std::size_t rows = kDefaultRows;
   // getopt_long rather than CLI11: the GPU machine's image has no CLI11 and no network to fetch it.
-  static const option kOptions[] = {{"rows", required_argument, nullptr, 'r'},
-                                    {"help", no_argument, nullptr, 'h'},
-                                    {nullptr, 0, nullptr, 0}};
+  static const option kOptions[] = {
+      {"rows", required_argument, nullptr, 'r'}, {"help", no_argument, nullptr, 'h'}, {nullptr, 0, nullptr, 0}};
   for (int opt; (opt = getopt_long(argc, argv, "r:h", kOptions, nullptr)) != -1;) {
     switch (opt) {
       case 'r':

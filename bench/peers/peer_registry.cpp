@@ -130,7 +130,8 @@ std::vector<PeerKind> available_peers(const PeerSelection& selection) {
   if (gpu && wanted("rmm_binning")) peers.push_back(rmm_binning_peer_kind());
 #endif
   // Not in the default set: `make bench` and the trace replays compare streamalloc with real allocators.
-  const bool named_sim = std::find(selection.names.begin(), selection.names.end(), "sim_malloc") != selection.names.end();
+  const bool named_sim =
+      std::find(selection.names.begin(), selection.names.end(), "sim_malloc") != selection.names.end();
   if (!streamalloc_on_cuda && (selection.sim_baseline || named_sim)) peers.push_back(sim_malloc_peer_kind());
   return peers;
 }

@@ -129,7 +129,9 @@ class RmmPeer final : public Peer {
     }
   }
 
-  void* alloc(std::size_t size, Stream stream) override { return resource_->allocate(to_rmm(stream), size, kAlignment); }
+  void* alloc(std::size_t size, Stream stream) override {
+    return resource_->allocate(to_rmm(stream), size, kAlignment);
+  }
 
   void free(void* ptr, std::size_t size, Stream stream) override {
     uses_.wait_before_free(ptr, stream);

@@ -23,7 +23,8 @@ class StreamUses {
  public:
   StreamUses() {
     const cudaError_t err = cudaEventCreateWithFlags(&event_, cudaEventDisableTiming);
-    if (err != cudaSuccess) throw std::runtime_error(std::string("cudaEventCreateWithFlags failed: ") + cudaGetErrorName(err));
+    if (err != cudaSuccess)
+      throw std::runtime_error(std::string("cudaEventCreateWithFlags failed: ") + cudaGetErrorName(err));
   }
   ~StreamUses() { cudaEventDestroy(event_); }
   StreamUses(const StreamUses&) = delete;
@@ -55,7 +56,8 @@ class StreamUses {
  private:
   static void check(cudaError_t err, const char* call) {
     if (err != cudaSuccess) {
-      throw std::runtime_error(std::string(call) + " failed: " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+      throw std::runtime_error(std::string(call) + " failed: " + cudaGetErrorName(err) + ": " +
+                               cudaGetErrorString(err));
     }
   }
 

@@ -28,7 +28,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from convert_snapshot import RecordLog, convert, write_trace
+from convert_snapshot import RecordLog, convert, write_trace  # noqa: E402 (the folder joins the path first)
 
 MAX_TRACE_BYTES = 2 * 1000 * 1000
 HISTORY_ENTRIES = 5_000_000  # enough to keep every event of these workloads (the buffer keeps the newest)

@@ -138,15 +138,9 @@ double replay_once(const Trace& trace, Peer& peer, MemoryPeaks* peaks) {
   const auto start = std::chrono::steady_clock::now();
   for (const TraceOp& op : trace.ops) {
     switch (op.kind) {
-      case TraceOp::Kind::kAlloc:
-        slots[op.slot] = peer.alloc(op.size, streams[op.stream]);
-        break;
-      case TraceOp::Kind::kRecordStream:
-        peer.record_stream(slots[op.slot], streams[op.stream]);
-        break;
-      case TraceOp::Kind::kFree:
-        peer.free(slots[op.slot], op.size, streams[op.stream]);
-        break;
+      case TraceOp::Kind::kAlloc: slots[op.slot] = peer.alloc(op.size, streams[op.stream]); break;
+      case TraceOp::Kind::kRecordStream: peer.record_stream(slots[op.slot], streams[op.stream]); break;
+      case TraceOp::Kind::kFree: peer.free(slots[op.slot], op.size, streams[op.stream]); break;
     }
   }
   const auto stop = std::chrono::steady_clock::now();
@@ -172,9 +166,9 @@ double replay_once(const Trace& trace, Peer& peer, MemoryPeaks* peaks) {
 Result run_child_peer(const PeerKind& kind, const Args& args) {
   Result result{kind, {}, {}, {}, {}, kind.child->variable + "=" + kind.child->value};
   try {
-    const ChildOutput child = run_self(
-        {args.trace, "--peers", kind.child->runs_as, "--repeats", std::to_string(args.repeats), "--json", "-"},
-        kind.child->variable, kind.child->value);
+    const ChildOutput child =
+        run_self({args.trace, "--peers", kind.child->runs_as, "--repeats", std::to_string(args.repeats), "--json", "-"},
+                 kind.child->variable, kind.child->value);
     const std::string where = "the child process with " + result.environment;
     if (child.exit_status == kExecFailed) throw std::runtime_error(where + " could not start this program again");
     nlohmann::json out;
@@ -187,8 +181,10 @@ Result run_child_peer(const PeerKind& kind, const Args& args) {
     // The child must really run with the setting: PyTorch ignores what it does not parse.
     const std::string expandable = out["context"].value("torch_expandable_segments", "");
     if (kind.name == "torch_expandable" && expandable != "yes") {
-      throw std::runtime_error(where + ": PyTorch's allocator there does not use expandable segments "
-                               "(torch_expandable_segments: '" + expandable + "')");
+      throw std::runtime_error(where +
+                               ": PyTorch's allocator there does not use expandable segments "
+                               "(torch_expandable_segments: '" +
+                               expandable + "')");
     }
     const nlohmann::json& rows = out["results"];
     if (!rows.is_array() || rows.size() != 1) throw std::runtime_error(where + " did not report one row");
@@ -255,8 +251,7 @@ void print_table(const Trace& trace, const Args& args, const std::vector<Result>
   }
   for (const Result& r : results) {
     if (!r.environment.empty() && r.error.empty()) {
-      std::printf("(%s: run in a process of its own, started with %s)\n", r.kind.id().c_str(),
-                  r.environment.c_str());
+      std::printf("(%s: run in a process of its own, started with %s)\n", r.kind.id().c_str(), r.environment.c_str());
     }
   }
 }
@@ -334,8 +329,9 @@ int main(int argc, char** argv) {
     if (torch_native_here && !args.json_on_stdout()) {
       for (const auto& [key, value] : machine_context()) {
         if (key == "torch_expandable_segments" && value == "yes") {
-          std::fprintf(stderr, "streamalloc_replay: PYTORCH_CUDA_ALLOC_CONF turns expandable segments on in this "
-                               "process, so torch_native runs with them too\n");
+          std::fprintf(stderr,
+                       "streamalloc_replay: PYTORCH_CUDA_ALLOC_CONF turns expandable segments on in this "
+                       "process, so torch_native runs with them too\n");
         }
       }
     }

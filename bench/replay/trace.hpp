@@ -35,7 +35,7 @@ struct Trace {
   std::size_t allocs = 0;
   std::size_t frees = 0;
   std::size_t record_streams = 0;
-  std::size_t live_at_end = 0;  // blocks never freed (a truncated recording)
+  std::size_t live_at_end = 0;      // blocks never freed (a truncated recording)
   std::size_t peak_live_bytes = 0;  // most requested bytes live at once
 
   // A header value as an integer, or -1 when the key is absent.

@@ -113,15 +113,17 @@ class SummaryReporter final : public benchmark::BenchmarkReporter {
       if (order_.empty() || order_.back() != scenario) order_.push_back(scenario);
       auto items = run.counters.find("items_per_second");
       // A benchmark that failed has no rate: it shows as "failed".
-      times_[scenario][peer] = items == run.counters.end() || items->second.value <= 0 ? -1.0 : 1e9 / items->second.value;
+      times_[scenario][peer] =
+          items == run.counters.end() || items->second.value <= 0 ? -1.0 : 1e9 / items->second.value;
     }
   }
 
   void Finalize() override {
     const std::string where = device_ == "cuda" ? "the GPU" : "the simulated device (no GPU here)";
-    std::printf("Allocator speed on %s: time per operation, lower is better\n"
-                "(a short run: a busy machine adds noise)\n\n",
-                where.c_str());
+    std::printf(
+        "Allocator speed on %s: time per operation, lower is better\n"
+        "(a short run: a busy machine adds noise)\n\n",
+        where.c_str());
     std::printf("  %-35s %12s  %-16s %12s %7s  %s\n", "scenario", "streamalloc", "peer", "peer", "ratio", "verdict");
     for (const std::string& scenario : order_) {
       const auto& peers = times_[scenario];
@@ -135,7 +137,8 @@ class SummaryReporter final : public benchmark::BenchmarkReporter {
         if (ours <= 0 || theirs <= 0) {
           std::printf("  %-35s %12s  %-16s %12s %7s  %s\n", summary_label(scenario).c_str(),
                       ours > 0 ? format_ns(ours).c_str() : "failed", peer_name.c_str(),
-                      theirs > 0 ? format_ns(theirs).c_str() : "failed", "-", "no comparison: a run failed (make bench shows why)");
+                      theirs > 0 ? format_ns(theirs).c_str() : "failed", "-",
+                      "no comparison: a run failed (make bench shows why)");
           continue;
         }
         char ratio[16];

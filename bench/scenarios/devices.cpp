@@ -73,7 +73,8 @@ class Machine {
     if (sim_ != nullptr) return sim_->create_stream(device);
 #ifdef STREAMALLOC_BENCH_CUDA
     cudaStream_t stream = nullptr;  // kept until the process exits
-    if (cudaSetDevice(device) != cudaSuccess || cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+    if (cudaSetDevice(device) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
       usage("could not create a stream on device " + std::to_string(device));
     }
     return reinterpret_cast<Stream>(stream);
@@ -180,13 +181,14 @@ int run_devices(int argc, char** argv) {
   };
   std::vector<Row> rows = {{"1 thread, device 0", {0}}};
   if (devices > 1) {
-    rows.push_back({std::to_string(devices) + " threads, all on device 0", std::vector<int>(static_cast<std::size_t>(devices), 0)});
+    rows.push_back({std::to_string(devices) + " threads, all on device 0",
+                    std::vector<int>(static_cast<std::size_t>(devices), 0)});
     std::vector<int> each;
     for (int d = 0; d < devices; ++d) each.push_back(d);
     rows.push_back({std::to_string(devices) + " threads, thread k on device k", each});
   }
-  std::printf("%s, %d device(s), mode %s (512 B..1 MiB), %ld pairs per thread, medians of %ld rounds\n",
-              machine.name(), devices, mode.c_str(), pairs, rounds);
+  std::printf("%s, %d device(s), mode %s (512 B..1 MiB), %ld pairs per thread, medians of %ld rounds\n", machine.name(),
+              devices, mode.c_str(), pairs, rounds);
   if (devices < 2) std::printf("one device: the rows across devices need a second one\n");
   std::printf("%-36s %12s %10s\n", "threads", "M pairs/s", "vs 1");
 

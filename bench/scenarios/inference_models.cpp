@@ -9,10 +9,11 @@ namespace {
 namespace nn = torch::nn;
 
 InferenceModel mlp() {
-  return {"mlp",
-          nn::Sequential(nn::Linear(1024, 4096), nn::ReLU(), nn::Linear(4096, 4096), nn::ReLU(), nn::Linear(4096, 1024)),
-          {1024},
-          1024};
+  return {
+      "mlp",
+      nn::Sequential(nn::Linear(1024, 4096), nn::ReLU(), nn::Linear(4096, 4096), nn::ReLU(), nn::Linear(4096, 1024)),
+      {1024},
+      1024};
 }
 
 InferenceModel conv() {

@@ -81,7 +81,8 @@ struct Flags {
 double positive_number(const std::string& flag, const std::string& text) {
   char* end = nullptr;
   const double value = std::strtod(text.c_str(), &end);
-  if (end == text.c_str() || *end != '\0' || !(value > 0)) usage_error(flag + " takes a positive number, not '" + text + "'");
+  if (end == text.c_str() || *end != '\0' || !(value > 0))
+    usage_error(flag + " takes a positive number, not '" + text + "'");
   return value;
 }
 
@@ -152,7 +153,8 @@ Flags parse_flags(int argc, char** argv) {
   if (flags.threads.empty()) usage_error("--threads lists no thread count");
   const auto models = inference_model_names();
   for (const std::string& m : flags.models) {
-    if (std::find(models.begin(), models.end(), m) == models.end()) usage_error("unknown model '" + m + "': use mlp or conv");
+    if (std::find(models.begin(), models.end(), m) == models.end())
+      usage_error("unknown model '" + m + "': use mlp or conv");
   }
   return flags;
 }
@@ -183,7 +185,8 @@ class PinnedBuffers {
   static torch::Tensor pinned(const std::vector<std::int64_t>& shape, void** memory) {
     std::int64_t count = 1;
     for (std::int64_t d : shape) count *= d;
-    const cudaError_t err = cudaHostAlloc(memory, static_cast<std::size_t>(count) * sizeof(float), cudaHostAllocDefault);
+    const cudaError_t err =
+        cudaHostAlloc(memory, static_cast<std::size_t>(count) * sizeof(float), cudaHostAllocDefault);
     if (err != cudaSuccess) throw std::runtime_error(std::string("cudaHostAlloc failed: ") + cudaGetErrorString(err));
     return torch::from_blob(*memory, shape, torch::TensorOptions().dtype(torch::kFloat32));
   }
@@ -408,7 +411,8 @@ int run(const Flags& flags) {
               "p99 us", "peak reserved");
   for (const Row& row : rows) {
     char reserved[32] = "n/a";
-    if (row.peak_reserved >= 0) std::snprintf(reserved, sizeof reserved, "%.1f MiB", static_cast<double>(row.peak_reserved) / (1 << 20));
+    if (row.peak_reserved >= 0)
+      std::snprintf(reserved, sizeof reserved, "%.1f MiB", static_cast<double>(row.peak_reserved) / (1 << 20));
     std::printf("%-12s %-6s %7d %14.0f %10.1f %10.1f %14s\n", flags.allocator.c_str(), row.model.c_str(), row.threads,
                 row.requests_per_s, row.p50_us, row.p99_us, reserved);
   }

@@ -90,8 +90,9 @@ int main(int argc, char** argv) {
     }
   }
   constexpr std::size_t kSizes[] = {512, 4096, 64 * 1024, 1024 * 1024};
-  std::printf("sizes %s, %ld pairs per thread\n%7s %12s %16s %14s %14s\n", same ? "same (4 KiB)" : "mixed (512 B..1 MiB)",
-              pairs, "threads", "control s", "M pairs/s", "fastest s", "slowest s");
+  std::printf("sizes %s, %ld pairs per thread\n%7s %12s %16s %14s %14s\n",
+              same ? "same (4 KiB)" : "mixed (512 B..1 MiB)", pairs, "threads", "control s", "M pairs/s", "fastest s",
+              "slowest s");
   for (const int threads : thread_counts) {
     std::vector<Counter> counters(static_cast<std::size_t>(threads));
     const auto control_loop = [&] {
@@ -142,13 +143,14 @@ int main(int argc, char** argv) {
           return static_cast<double>(after.*count - before.*count);
         };
         const double locked = delta(&DeviceStats::allocations_device_locked) + delta(&DeviceStats::frees_device_locked);
-        std::printf("  round %d, allocated_bytes peak %.2f MiB, device-locked %.3f%% of allocations, %.3f%% of frees, "
-                    "device lock held %.0f%% of the round, %.2f us waited per device-locked call",
-                    round + 1, static_cast<double>(after.allocated_bytes[0].peak) / (1 << 20),
-                    100.0 * delta(&DeviceStats::allocations_device_locked) / calls,
-                    100.0 * delta(&DeviceStats::frees_device_locked) / calls,
-                    100.0 * delta(&DeviceStats::device_lock_held_ns) / (wall * 1e9),
-                    locked > 0 ? delta(&DeviceStats::device_lock_wait_ns) / locked / 1e3 : 0.0);
+        std::printf(
+            "  round %d, allocated_bytes peak %.2f MiB, device-locked %.3f%% of allocations, %.3f%% of frees, "
+            "device lock held %.0f%% of the round, %.2f us waited per device-locked call",
+            round + 1, static_cast<double>(after.allocated_bytes[0].peak) / (1 << 20),
+            100.0 * delta(&DeviceStats::allocations_device_locked) / calls,
+            100.0 * delta(&DeviceStats::frees_device_locked) / calls,
+            100.0 * delta(&DeviceStats::device_lock_held_ns) / (wall * 1e9),
+            locked > 0 ? delta(&DeviceStats::device_lock_wait_ns) / locked / 1e3 : 0.0);
       }
       std::printf("\n");
     }

@@ -41,7 +41,6 @@ REPO = HERE.parents[2]
 def worker(args: argparse.Namespace) -> None:
     import torch
     from torch import nn
-
     from transformer_block import Block
 
     d, heads, ff = args.d_model, args.heads, 4 * args.d_model

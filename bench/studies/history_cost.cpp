@@ -132,8 +132,7 @@ double measure(const Args& args, const std::string& mode, bool cross) {
   for (int r = 0; r < args.repeats; ++r) samples.push_back(time_block(allocator, args, cross, s1, s2, with_context));
   synchronize(*backend);  // stream-ordered work done before the allocator goes
   if ((mode != "off") == allocator.history(0).empty()) {
-    std::fprintf(stderr, "history %s: the recorder %s entries\n", mode.c_str(),
-                 mode == "off" ? "kept" : "kept no");
+    std::fprintf(stderr, "history %s: the recorder %s entries\n", mode.c_str(), mode == "off" ? "kept" : "kept no");
     std::exit(1);
   }
   std::sort(samples.begin(), samples.end());
@@ -158,8 +157,11 @@ int main(int argc, char** argv) {
     }
   }
   if (!args.json.empty()) {
-    std::ofstream(args.json) << nlohmann::json{{"backend", args.backend}, {"bytes", args.bytes},
-                                               {"pairs", args.pairs}, {"repeats", args.repeats}, {"rows", rows}}
+    std::ofstream(args.json) << nlohmann::json{{"backend", args.backend},
+                                               {"bytes", args.bytes},
+                                               {"pairs", args.pairs},
+                                               {"repeats", args.repeats},
+                                               {"rows", rows}}
                                     .dump(2)
                              << "\n";
   }

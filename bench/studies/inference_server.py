@@ -163,7 +163,8 @@ def main(argv):
     allocators = args.allocators.split(",") if args.allocators else available
     missing = [a for a in allocators if a not in available]
     if missing:
-        sys.exit(f"inference_server.py: this build has no {', '.join(missing)} allocator (it has {', '.join(available)})")
+        sys.exit(f"inference_server.py: this build has no {', '.join(missing)} allocator"
+                 f" (it has {', '.join(available)})")
 
     lines, failures = [], {}
     for _ in range(args.rounds):

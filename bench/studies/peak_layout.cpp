@@ -38,16 +38,17 @@ struct Args {
 };
 
 [[noreturn]] void usage(const std::string& problem) {
-  std::fprintf(stderr,
-               "%s%susage: streamalloc_peak_layout TRACE [--conf CONF] [--blocks] [--every] [--maps FROM:TO]\n"
-               "  --conf    streamalloc options, STREAMALLOC_CONF syntax (e.g. expandable_segments:true)\n"
-               "  --blocks  list every free block at the peak\n"
-               "  --every   print the table after every operation that made the device give memory\n"
-               "  --maps    after each operation FROM..TO (indices), every block of every segment in address\n"
-               "            order: [MiB state stream], state a(llocated) p(ending) o(wned) s(ettled), free ones\n"
-               "            marked _ (reading the table after every op slows the replay, which changes when fences are seen\n"
-               "            complete, and so the layout)\n",
-               problem.c_str(), problem.empty() ? "" : "\n");
+  std::fprintf(
+      stderr,
+      "%s%susage: streamalloc_peak_layout TRACE [--conf CONF] [--blocks] [--every] [--maps FROM:TO]\n"
+      "  --conf    streamalloc options, STREAMALLOC_CONF syntax (e.g. expandable_segments:true)\n"
+      "  --blocks  list every free block at the peak\n"
+      "  --every   print the table after every operation that made the device give memory\n"
+      "  --maps    after each operation FROM..TO (indices), every block of every segment in address\n"
+      "            order: [MiB state stream], state a(llocated) p(ending) o(wned) s(ettled), free ones\n"
+      "            marked _ (reading the table after every op slows the replay, which changes when fences are seen\n"
+      "            complete, and so the layout)\n",
+      problem.c_str(), problem.empty() ? "" : "\n");
   std::exit(2);
 }
 
@@ -188,15 +189,9 @@ int run(const Args& args) {
   for (std::size_t i = 0; i < trace.ops.size(); ++i) {
     const TraceOp& op = trace.ops[i];
     switch (op.kind) {
-      case TraceOp::Kind::kAlloc:
-        slots[op.slot] = allocator.allocate(op.size, 0, streams[op.stream]);
-        break;
-      case TraceOp::Kind::kRecordStream:
-        allocator.record_stream(slots[op.slot], streams[op.stream]);
-        break;
-      case TraceOp::Kind::kFree:
-        allocator.deallocate(slots[op.slot], op.size, 0, streams[op.stream]);
-        break;
+      case TraceOp::Kind::kAlloc: slots[op.slot] = allocator.allocate(op.size, 0, streams[op.stream]); break;
+      case TraceOp::Kind::kRecordStream: allocator.record_stream(slots[op.slot], streams[op.stream]); break;
+      case TraceOp::Kind::kFree: allocator.deallocate(slots[op.slot], op.size, 0, streams[op.stream]); break;
     }
     // Reserved rises only when the device gives memory (a map or a reserve); reading the stats and the
     // block table only then keeps the replay's timing, which decides when fences are polled, close to
@@ -216,8 +211,8 @@ int run(const Args& args) {
     device_calls = now;
     const std::int64_t reserved = allocator.stats(0).reserved_bytes[all].current;
     if (args.every_growth) {
-      std::printf("op %zu: alloc of %.2f MiB on stream %u; reserved %.2f MiB\n", i,
-                  static_cast<double>(op.size) / kMiB, op.stream, static_cast<double>(reserved) / kMiB);
+      std::printf("op %zu: alloc of %.2f MiB on stream %u; reserved %.2f MiB\n", i, static_cast<double>(op.size) / kMiB,
+                  op.stream, static_cast<double>(reserved) / kMiB);
       print_layout(allocator.segments(0), trace_stream, args.list_blocks);
     }
     if (reserved > peak) {
@@ -232,19 +227,21 @@ int run(const Args& args) {
   const DeviceStats stats = allocator.stats(0);
   const SimBackend::Counters counters = sim->counters();
   std::printf("%s (%s)\n", args.trace.c_str(), options.to_conf_string().c_str());
-  std::printf("peak reserved %.2f MiB, peak allocated %.2f MiB, ratio %.3f; peak reached at op %zu "
-              "(alloc of %.2f MiB on stream %d)\n",
-              static_cast<double>(stats.reserved_bytes[all].peak) / kMiB,
-              static_cast<double>(stats.allocated_bytes[all].peak) / kMiB,
-              static_cast<double>(stats.reserved_bytes[all].peak) /
-                  static_cast<double>(std::max<std::int64_t>(1, stats.allocated_bytes[all].peak)),
-              peak_op, static_cast<double>(peak_request) / kMiB, peak_stream);
-  std::printf("device growths (num_device_alloc) %lld, unmaps/frees (num_device_free) %lld, fixed reserves %llu, "
-              "physical allocations created %llu, released %llu\n",
-              static_cast<long long>(stats.num_device_alloc), static_cast<long long>(stats.num_device_free),
-              static_cast<unsigned long long>(counters.reserve_calls),
-              static_cast<unsigned long long>(counters.physical_allocations_created),
-              static_cast<unsigned long long>(counters.physical_allocations_released));
+  std::printf(
+      "peak reserved %.2f MiB, peak allocated %.2f MiB, ratio %.3f; peak reached at op %zu "
+      "(alloc of %.2f MiB on stream %d)\n",
+      static_cast<double>(stats.reserved_bytes[all].peak) / kMiB,
+      static_cast<double>(stats.allocated_bytes[all].peak) / kMiB,
+      static_cast<double>(stats.reserved_bytes[all].peak) /
+          static_cast<double>(std::max<std::int64_t>(1, stats.allocated_bytes[all].peak)),
+      peak_op, static_cast<double>(peak_request) / kMiB, peak_stream);
+  std::printf(
+      "device growths (num_device_alloc) %lld, unmaps/frees (num_device_free) %lld, fixed reserves %llu, "
+      "physical allocations created %llu, released %llu\n",
+      static_cast<long long>(stats.num_device_alloc), static_cast<long long>(stats.num_device_free),
+      static_cast<unsigned long long>(counters.reserve_calls),
+      static_cast<unsigned long long>(counters.physical_allocations_created),
+      static_cast<unsigned long long>(counters.physical_allocations_released));
   std::printf("fences: event records %llu, event queries %llu, stream queries %llu\n",
               static_cast<unsigned long long>(counters.event_records),
               static_cast<unsigned long long>(counters.event_queries),

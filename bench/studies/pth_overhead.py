@@ -98,7 +98,8 @@ def main() -> int:
         print(f" {kind} time:")
         for name in ways:
             q1, median, q3 = quartiles(samples[name][kind])
-            result["ways"].setdefault(name, {})[kind] = {"median_ms": median * 1e3, "q1_ms": q1 * 1e3, "q3_ms": q3 * 1e3}
+            result["ways"].setdefault(name, {})[kind] = {
+                "median_ms": median * 1e3, "q1_ms": q1 * 1e3, "q3_ms": q3 * 1e3}
             print(f"  {name:28s} median {median * 1e3:8.2f} ms  (quartiles {q1 * 1e3:.2f}-{q3 * 1e3:.2f})  "
                   f"{(median - base) * 1e3:+.2f} ms")
     if args.json:

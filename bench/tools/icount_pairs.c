@@ -52,7 +52,8 @@ int main(int argc, char** argv) {
     if (!p) return 3;
     streamalloc_free(p, 4096, 0, other);
   }
-  void* s1 = (void*)(uintptr_t)1; void* s2 = (void*)(uintptr_t)2;
+  void* s1 = (void*)(uintptr_t)1;
+  void* s2 = (void*)(uintptr_t)2;
   for (long i = 0; i < n; ++i) {
     void* p = streamalloc_malloc(bytes, 0, s1);
     if (!p) return 3;

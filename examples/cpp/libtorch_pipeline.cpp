@@ -86,7 +86,6 @@ int main(int argc, char** argv) {
   const streamalloc::DeviceStats stats = streamalloc::torch::allocator()->stats(0);
   std::printf("streamalloc view: %lld record_stream calls, %lld fences recorded, %lld blocks pending (peak %lld)\n",
               static_cast<long long>(stats.record_stream_calls), static_cast<long long>(stats.fences_recorded),
-              static_cast<long long>(stats.pending_blocks.current),
-              static_cast<long long>(stats.pending_blocks.peak));
+              static_cast<long long>(stats.pending_blocks.current), static_cast<long long>(stats.pending_blocks.peak));
   return 0;
 }

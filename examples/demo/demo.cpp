@@ -44,18 +44,23 @@ void print_stats(const DeviceStats& st, int iterations, bool check_sync) {
               static_cast<long long>(st.record_stream_calls), static_cast<long long>(st.record_stream_on_alloc_stream),
               static_cast<long long>(st.record_stream_duplicate), static_cast<long long>(st.record_stream_unknown_ptr));
   std::printf("  frees that became pending   %lld (peak pending %s in %lld blocks)\n",
-              static_cast<long long>(st.pending_blocks.allocated), format_bytes(static_cast<std::size_t>(st.pending_bytes.peak)).c_str(),
+              static_cast<long long>(st.pending_blocks.allocated),
+              format_bytes(static_cast<std::size_t>(st.pending_bytes.peak)).c_str(),
               static_cast<long long>(st.pending_blocks.peak));
-  const double per_fence = st.fences_recorded ? static_cast<double>(st.pending_blocks.allocated) / static_cast<double>(st.fences_recorded) : 0.0;
+  const double per_fence =
+      st.fences_recorded ? static_cast<double>(st.pending_blocks.allocated) / static_cast<double>(st.fences_recorded)
+                         : 0.0;
   std::printf("  fences (events) recorded    %lld (%.1f pending frees per fence; PyTorch records one per free)\n",
               static_cast<long long>(st.fences_recorded), per_fence);
   std::printf("  fence queries               %lld; host syncs on fences %lld; GPU-side waits %lld\n",
               static_cast<long long>(st.fences_polled), static_cast<long long>(st.fences_synced_host),
               static_cast<long long>(st.fences_waited_gpu));
   std::printf("  cross-stream reuse          %lld settled, %lld after a GPU wait\n",
-              static_cast<long long>(st.cross_stream_reuse_settled), static_cast<long long>(st.cross_stream_reuse_waited));
+              static_cast<long long>(st.cross_stream_reuse_settled),
+              static_cast<long long>(st.cross_stream_reuse_waited));
   if (check_sync) {
-    std::printf("  missing-wait warnings       %lld (check_sync:1)\n", static_cast<long long>(st.missing_wait_warnings));
+    std::printf("  missing-wait warnings       %lld (check_sync:1)\n",
+                static_cast<long long>(st.missing_wait_warnings));
   } else {
     std::printf("  missing-wait warnings       not checked (check_sync is off; --conf check_sync:1 turns it on)\n");
   }
@@ -163,10 +168,10 @@ int main(int argc, char** argv) {
         const std::size_t bytes = static_cast<std::size_t>(batch_kib(rng)) * KiB;
         void* batch = allocator.allocate(bytes, 0, prefetch);
         const auto value = static_cast<unsigned char>(i % 250 + 1);
-        device->fill(batch, bytes, value, prefetch);                  // the H2D copy of the next batch
-        device->backend()->record_event(0, ready, prefetch);         // producer done
+        device->fill(batch, bytes, value, prefetch);          // the H2D copy of the next batch
+        device->backend()->record_event(0, ready, prefetch);  // producer done
         allocator.note_event_record(reinterpret_cast<std::uintptr_t>(ready), prefetch);  // for check_sync
-        if (wait_event) {                                            // fix 1: consumer waits (wait_event)
+        if (wait_event) {  // fix 1: consumer waits (wait_event)
           device->backend()->stream_wait_event(0, compute, ready);
           allocator.note_event_wait(reinterpret_cast<std::uintptr_t>(ready), compute);
         }
@@ -185,26 +190,26 @@ int main(int argc, char** argv) {
           wrong += device->read_mismatch(out) ? 1 : 0;
         }
       }
-    device->synchronize();
-    allocator.process_fences();
-    print_stats(allocator.stats(0), iterations, options.check_sync);
-    if (!timeline_path.empty()) {
-      const PendingHistory history = allocator.pending_history(0);
-      // The report labels the timeline with these: the streams by name, the device by kind.
-      nlohmann::json out = nlohmann::json::parse(history.to_json(0));
-      for (const auto& [stream, name] : names) out["stream_names"][std::to_string(stream)] = name;
-      out["device_kind"] = device->backend()->name() == "sim" ? "simulated device" : "GPU";
-      write_json(out.dump(), timeline_path, "pending history");
-      std::printf("\npending bytes per stream over time: %s (%zu changes)\n", timeline_path.c_str(),
-                  history.samples.size());
-    }
-    std::printf("\nconsumer checks: %zu, checks that saw wrong bytes: %zu (%s)\n", checked, wrong,
-                wrong == 0 ? "no corruption observed" : "CORRUPTION: the consumer read bytes it did not expect");
-    allocator.deallocate(out, 4096, 0, compute);
-    allocator.validate();
-    device->backend()->destroy_event(0, ready);
-    // The broken variants are demonstrations: corruption there is the expected outcome.
-    status = wrong == 0 || variant != "fixed" ? 0 : 1;
+      device->synchronize();
+      allocator.process_fences();
+      print_stats(allocator.stats(0), iterations, options.check_sync);
+      if (!timeline_path.empty()) {
+        const PendingHistory history = allocator.pending_history(0);
+        // The report labels the timeline with these: the streams by name, the device by kind.
+        nlohmann::json out = nlohmann::json::parse(history.to_json(0));
+        for (const auto& [stream, name] : names) out["stream_names"][std::to_string(stream)] = name;
+        out["device_kind"] = device->backend()->name() == "sim" ? "simulated device" : "GPU";
+        write_json(out.dump(), timeline_path, "pending history");
+        std::printf("\npending bytes per stream over time: %s (%zu changes)\n", timeline_path.c_str(),
+                    history.samples.size());
+      }
+      std::printf("\nconsumer checks: %zu, checks that saw wrong bytes: %zu (%s)\n", checked, wrong,
+                  wrong == 0 ? "no corruption observed" : "CORRUPTION: the consumer read bytes it did not expect");
+      allocator.deallocate(out, 4096, 0, compute);
+      allocator.validate();
+      device->backend()->destroy_event(0, ready);
+      // The broken variants are demonstrations: corruption there is the expected outcome.
+      status = wrong == 0 || variant != "fixed" ? 0 : 1;
     }
     device->destroy_streams();
     return status;

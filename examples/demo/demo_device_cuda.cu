@@ -50,7 +50,7 @@ class CudaDemoDevice final : public DemoDevice {
   }
   void consume(const void* ptr, std::size_t bytes, unsigned char value, void* out, Stream stream) override {
     check_bytes<<<256, 256, 0, as_cuda(stream)>>>(static_cast<const unsigned char*>(ptr), bytes, value,
-                                                   static_cast<unsigned char*>(out));
+                                                  static_cast<unsigned char*>(out));
     check(cudaGetLastError(), "check_bytes launch");
   }
   void step(Stream, Stream) override {}  // the GPU runs on its own

@@ -30,7 +30,7 @@ struct RunResult {
   std::size_t peak_reserved = 0;
   std::size_t peak_allocated = 0;
   std::size_t device_allocs = 0;
-  std::size_t alloc_retries = 0;  // allocations that released cached memory and retried
+  std::size_t alloc_retries = 0;    // allocations that released cached memory and retried
   std::vector<std::size_t> series;  // max reserved per bucket of `every` events
   std::size_t every = 1;
   bool failed = false;
@@ -76,15 +76,9 @@ RunResult run_torch(const EventList& list, const TorchConfig& config, std::size_
         }
         ++alloc_index;
         break;
-      case Event::Kind::kFree:
-        model.free(e.slot);
-        break;
-      case Event::Kind::kRecordStream:
-        model.record_stream(e.slot, e.stream);
-        break;
-      case Event::Kind::kComplete:
-        model.complete(e.slot);
-        break;
+      case Event::Kind::kFree: model.free(e.slot); break;
+      case Event::Kind::kRecordStream: model.record_stream(e.slot, e.stream); break;
+      case Event::Kind::kComplete: model.complete(e.slot); break;
     }
     if (points) series.add(i, model.reserved());
     if (out.failed) break;
@@ -161,8 +155,8 @@ RunResult run_streamalloc(const EventList& list, const std::string& conf, std::s
             if (error.code() != ErrorCode::kOutOfMemory) throw;
             out.failed = true;
             DeviceStats stats = allocator.stats(0);
-            out.failure = Failure{i, alloc_index, e.size, e.stream,
-                                  static_cast<std::size_t>(stats.reserved_bytes[0].current)};
+            out.failure =
+                Failure{i, alloc_index, e.size, e.stream, static_cast<std::size_t>(stats.reserved_bytes[0].current)};
           }
           ++alloc_index;
           break;
@@ -300,8 +294,8 @@ PlanRequest parse_request(const std::string& text) {
         Setting setting{s.value("name", std::string()), s.value("allocator", std::string()),
                         s.value("conf", std::string())};
         if (setting.allocator != "pytorch" && setting.allocator != "streamalloc") {
-          throw std::invalid_argument("plan request: setting '" + setting.name +
-                                      "' has allocator '" + setting.allocator + "' (expected pytorch or streamalloc)");
+          throw std::invalid_argument("plan request: setting '" + setting.name + "' has allocator '" +
+                                      setting.allocator + "' (expected pytorch or streamalloc)");
         }
         if (setting.name.empty()) setting.name = setting.allocator + (setting.conf.empty() ? "" : " " + setting.conf);
         request.settings.push_back(setting);
@@ -336,7 +330,7 @@ std::string plan_json(const EventList& events, const PlanRequest& request) {
     const Setting& s = settings[k];
     bool torch = s.allocator == "pytorch";
     RunResult full = torch ? run_torch(events, torch_configs[k], 0, request.series_points, request.segment_events,
-                                     request.completion)
+                                       request.completion)
                            : run_streamalloc(events, s.conf, 0, request.series_points);
     json r;
     r["name"] = s.name;

@@ -9,8 +9,8 @@ namespace streamalloc::planner {
 namespace {
 
 constexpr std::size_t kMiB = 1024 * 1024;
-constexpr std::size_t kMinBlock = 512;        // every size is a multiple of it
-constexpr std::size_t kSmallSize = kMiB;      // largest request of the small size class
+constexpr std::size_t kMinBlock = 512;    // every size is a multiple of it
+constexpr std::size_t kSmallSize = kMiB;  // largest request of the small size class
 constexpr std::size_t kSmallBuffer = 2 * kMiB;
 constexpr std::size_t kLargeBuffer = 20 * kMiB;
 constexpr std::size_t kMinLargeAlloc = 10 * kMiB;
@@ -174,7 +174,7 @@ struct TorchModel::Block {
   Block* prev = nullptr;
   Block* next = nullptr;
   bool allocated = false;
-  bool pending = false;      // freed, waiting for the events of its stream uses
+  bool pending = false;  // freed, waiting for the events of its stream uses
   bool used_elsewhere = false;
   bool mapped = true;
   bool expandable = false;
@@ -302,8 +302,7 @@ bool TorchModel::get_free_block(Params& p) {
     // A block followed by unmapped address space counts with that space for the best fit.
     auto reach = [](const Block* b) { return b->size + (b->next && !b->next->mapped ? b->next->size : 0); };
     auto next = std::next(it);
-    while ((*it)->expandable && next != pool.blocks.end() && (*next)->stream == p.stream &&
-           reach(*next) < reach(*it)) {
+    while ((*it)->expandable && next != pool.blocks.end() && (*next)->stream == p.stream && reach(*next) < reach(*it)) {
       it = next++;
     }
   }

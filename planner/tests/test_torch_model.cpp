@@ -30,8 +30,8 @@ TEST(TorchModel, RoundsToPowerOfTwoDivisions) {
   EXPECT_EQ(torch_round_size(4 * MiB, c), 4 * MiB);  // a power of two stays
   EXPECT_EQ(torch_round_size(1000, c), 1024u);       // small sizes keep the 512 B rule
   TorchConfig per = TorchConfig::parse("roundup_power2_divisions:[2:1,>:8]");
-  EXPECT_EQ(torch_round_size(MiB + 1, per), MiB + 512);       // below 2 MiB: off (1)
-  EXPECT_EQ(torch_round_size(8 * MiB + 1, per), 9 * MiB);     // above: 8 divisions
+  EXPECT_EQ(torch_round_size(MiB + 1, per), MiB + 512);    // below 2 MiB: off (1)
+  EXPECT_EQ(torch_round_size(8 * MiB + 1, per), 9 * MiB);  // above: 8 divisions
   EXPECT_THROW(TorchConfig::parse("roundup_power2_divisions:3"), std::invalid_argument);
   EXPECT_THROW(TorchConfig::parse("roundup_power2_divisions:[3:1]"), std::invalid_argument);
   EXPECT_THROW(TorchConfig::parse("garbage_collection_threshold:0.5"), std::invalid_argument);
@@ -76,7 +76,7 @@ TEST(TorchModel, BestFitAndMergeOfNeighbours) {
   ASSERT_TRUE(m.malloc(1, 4 * MiB, 0));
   ASSERT_TRUE(m.malloc(2, 4 * MiB, 0));
   m.free(0);
-  m.free(1);  // merges with block 0: 8 MiB free
+  m.free(1);                            // merges with block 0: 8 MiB free
   EXPECT_EQ(m.free_blocks(false), 2u);  // the merged 8 MiB and the 8 MiB tail
   ASSERT_TRUE(m.malloc(3, 8 * MiB, 0));
   EXPECT_EQ(m.block_of(3).first, m.block_of(2).first - 8 * MiB);  // lowest address of equal sizes
@@ -145,11 +145,11 @@ TEST(TorchModel, RecordStreamKeepsTheBlockUntilItsEventsComplete) {
 TEST(TorchModel, ExpandableSegmentsGrowOneSegmentByPages) {
   TorchModel m(TorchConfig::parse("expandable_segments:True"), 0, true);
   ASSERT_TRUE(m.malloc(0, 30 * MiB, 0));
-  EXPECT_EQ(m.reserved(), 40 * MiB);  // two 20 MiB pages
+  EXPECT_EQ(m.reserved(), 40 * MiB);      // two 20 MiB pages
   ASSERT_TRUE(m.malloc(1, 30 * MiB, 0));  // 10 MiB left mapped, 20 more mapped
   EXPECT_EQ(m.reserved(), 60 * MiB);
   EXPECT_EQ(m.block_of(1).first, m.block_of(0).first + 30 * MiB);  // the same address range
-  ASSERT_TRUE(m.malloc(2, 1000, 0));  // small size class: its own range, 2 MiB pages
+  ASSERT_TRUE(m.malloc(2, 1000, 0));                               // small size class: its own range, 2 MiB pages
   EXPECT_EQ(m.reserved(), 62 * MiB);
   ASSERT_TRUE(m.malloc(3, 30 * MiB, 1));  // another stream: another range
   EXPECT_EQ(m.reserved(), 102 * MiB);

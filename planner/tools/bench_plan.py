@@ -10,15 +10,14 @@ default, expandable, cross_stream_reuse:never) and of the planning alone.
 
 import argparse
 import os
+import pickle
 import sys
 import tempfile
 import time
-import pickle
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from make_snapshot import make_snapshot  # noqa: E402
-
 from streamalloc import plan  # noqa: E402
 
 

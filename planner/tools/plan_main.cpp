@@ -90,8 +90,8 @@ int main(int argc, char** argv) {
     for (const auto& r : report["settings"]) {
       std::string fits;
       if (cap_gib > 0) {
-        fits = r["fits"].get<bool>() ? "yes"
-                                     : "no, at event " + std::to_string(r["first_failure"]["event"].get<long>());
+        fits =
+            r["fits"].get<bool>() ? "yes" : "no, at event " + std::to_string(r["first_failure"]["event"].get<long>());
       }
       std::printf("%-34s %14s %14s %9.3f %13zu %s\n", r["name"].get<std::string>().c_str(),
                   gib(r["peak_reserved"].get<double>()).c_str(), gib(r["peak_allocated"].get<double>()).c_str(),

@@ -30,7 +30,8 @@ TEST(BadInput, DoubleFree) {
   SimSetup s("");
   void* p = s.a().allocate(4096, 0, 0);
   s.a().deallocate(p, 4096, 0, 0);
-  expect_rejected(s, [&] { s.a().deallocate(p, 4096, 0, 0); }, ErrorCode::kInvalidArgument, "double free");
+  expect_rejected(
+      s, [&] { s.a().deallocate(p, 4096, 0, 0); }, ErrorCode::kInvalidArgument, "double free");
   EXPECT_EQ(s.stats().invalid_frees, 1);
 }
 
@@ -40,26 +41,30 @@ TEST(BadInput, DoubleFreeOfAPendingBlock) {
   void* p = s.a().allocate(4096, 0, 0);
   s.a().record_stream(p, u);
   s.a().deallocate(p, 4096, 0, 0);
-  expect_rejected(s, [&] { s.a().deallocate(p, 4096, 0, 0); }, ErrorCode::kInvalidArgument, "waiting for its stream fences");
+  expect_rejected(
+      s, [&] { s.a().deallocate(p, 4096, 0, 0); }, ErrorCode::kInvalidArgument, "waiting for its stream fences");
 }
 
 TEST(BadInput, ForeignPointer) {
   SimSetup s("");
   int on_stack = 0;
-  expect_rejected(s, [&] { s.a().deallocate(&on_stack, 4, 0, 0); }, ErrorCode::kInvalidArgument, "not allocated by streamalloc");
+  expect_rejected(
+      s, [&] { s.a().deallocate(&on_stack, 4, 0, 0); }, ErrorCode::kInvalidArgument, "not allocated by streamalloc");
 }
 
 TEST(BadInput, InteriorPointer) {
   SimSetup s("");
   auto* p = static_cast<char*>(s.a().allocate(4096, 0, 0));
-  expect_rejected(s, [&] { s.a().deallocate(p + 512, 0, 0, 0); }, ErrorCode::kInvalidArgument, "inside the block");
+  expect_rejected(
+      s, [&] { s.a().deallocate(p + 512, 0, 0, 0); }, ErrorCode::kInvalidArgument, "inside the block");
   s.a().deallocate(p, 4096, 0, 0);
 }
 
 TEST(BadInput, WrongSize) {
   SimSetup s("");
   void* p = s.a().allocate(4096, 0, 0);
-  expect_rejected(s, [&] { s.a().deallocate(p, 100, 0, 0); }, ErrorCode::kInvalidArgument, "allocated with size 4096");
+  expect_rejected(
+      s, [&] { s.a().deallocate(p, 100, 0, 0); }, ErrorCode::kInvalidArgument, "allocated with size 4096");
   s.a().deallocate(p, 4096, 0, 0);  // still live, and the right call works
   s.a().validate();
 }
@@ -67,23 +72,28 @@ TEST(BadInput, WrongSize) {
 TEST(BadInput, WrongDevice) {
   SimSetup s("", SimBackend::Mode::kManual, 256 * MiB, 2);
   void* p = s.a().allocate(4096, 1, 0);
-  expect_rejected(s, [&] { s.a().deallocate(p, 4096, 0, 0); }, ErrorCode::kInvalidArgument, "lives on device 1");
+  expect_rejected(
+      s, [&] { s.a().deallocate(p, 4096, 0, 0); }, ErrorCode::kInvalidArgument, "lives on device 1");
   s.a().deallocate(p, 4096, 1, 0);
   s.a().validate();
 }
 
 TEST(BadInput, DeviceOutOfRange) {
   SimSetup s("");
-  expect_rejected(s, [&] { s.a().allocate(10, 3, 0); }, ErrorCode::kInvalidArgument, "device 3 does not exist");
-  expect_rejected(s, [&] { s.a().allocate(10, -1, 0); }, ErrorCode::kInvalidArgument, "does not exist");
+  expect_rejected(
+      s, [&] { s.a().allocate(10, 3, 0); }, ErrorCode::kInvalidArgument, "device 3 does not exist");
+  expect_rejected(
+      s, [&] { s.a().allocate(10, -1, 0); }, ErrorCode::kInvalidArgument, "does not exist");
 }
 
 TEST(BadInput, StreamOfAnotherDevice) {
   SimSetup s("", SimBackend::Mode::kManual, 256 * MiB, 2);
   const Stream on_device1 = s.sim->create_stream(1);
-  expect_rejected(s, [&] { s.a().allocate(10, 0, on_device1); }, ErrorCode::kInvalidArgument, "belongs to device 1");
+  expect_rejected(
+      s, [&] { s.a().allocate(10, 0, on_device1); }, ErrorCode::kInvalidArgument, "belongs to device 1");
   void* p = s.a().allocate(4096, 0, 0);
-  expect_rejected(s, [&] { s.a().record_stream(p, on_device1); }, ErrorCode::kInvalidArgument, "belongs to device 1");
+  expect_rejected(
+      s, [&] { s.a().record_stream(p, on_device1); }, ErrorCode::kInvalidArgument, "belongs to device 1");
   s.a().deallocate(p, 4096, 0, 0);
 }
 
@@ -137,9 +147,7 @@ TEST(BadInput, BadConfigurationNamesTheKey) {
   }
 }
 
-TEST(BadInput, NullBackendIsAConfigError) {
-  EXPECT_THROW(Allocator(Options{}, nullptr), Error);
-}
+TEST(BadInput, NullBackendIsAConfigError) { EXPECT_THROW(Allocator(Options{}, nullptr), Error); }
 
 }  // namespace
 }  // namespace streamalloc::testing

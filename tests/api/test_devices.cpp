@@ -64,7 +64,8 @@ TEST_F(Devices, AFreeWithoutADeviceReachesTheBlocksDeviceAndStream) {
 TEST_F(Devices, AFreeWithoutADeviceFromAnotherThreadIsFound) {
   // The freeing thread allocated last on device 0; the blocks are device 2's.
   std::vector<void*> blocks;
-  for (int i = 0; i < 8; ++i) blocks.push_back(a().allocate(64 * KiB + 512 * static_cast<std::size_t>(i), 2, streams_[2]));
+  for (int i = 0; i < 8; ++i)
+    blocks.push_back(a().allocate(64 * KiB + 512 * static_cast<std::size_t>(i), 2, streams_[2]));
   std::string error;
   std::thread other([&] {
     try {

@@ -19,9 +19,9 @@ namespace streamalloc::testing {
 namespace {
 
 // Near the cap, where a growth maps pieces: a growth that the device fills part way (some pieces mapped,
-// the next refused) takes back what it mapped before the OOM path runs, and so does one whose next map fails with an error; neither leaves
-// a byte mapped nor a range reserved. While another stream captures a graph the take-back needs no
-// device sync, so the capture is not disturbed.
+// the next refused) takes back what it mapped before the OOM path runs, and so does one whose next map fails with an
+// error; neither leaves a byte mapped nor a range reserved. While another stream captures a graph the take-back needs
+// no device sync, so the capture is not disturbed.
 TEST(Expandable, OutOfMemoryPartWayThroughAGrowthLeavesNothingMapped) {
   using VmOp = FaultBackend::VmOp;
   FaultySetup setup(128 * MiB);

@@ -75,8 +75,8 @@ TEST(Expandable, FreedSpaceOfOtherSizesIsReusedWithoutNewMappings) {
   auto run = [](const char* conf) {
     SimSetup s(conf);
     const Stream a = s.sim->create_stream();
-    for (const std::vector<std::size_t>& round : {std::vector<std::size_t>{12, 24, 36, 48}, {11, 22, 33, 44},
-                                                  {13, 26, 39, 52}}) {
+    for (const std::vector<std::size_t>& round :
+         {std::vector<std::size_t>{12, 24, 36, 48}, {11, 22, 33, 44}, {13, 26, 39, 52}}) {
       std::vector<void*> live;
       for (std::size_t mb : round) {
         live.push_back(s.a().allocate(mb * MiB, 0, a));
@@ -123,8 +123,8 @@ TEST(Expandable, AGrowthIsOnePhysicalAllocationUntilHalfTheCapThen20MiBPieces) {
   const Stream a = s.sim->create_stream();
   std::vector<void*> live;
   std::uintptr_t end = 0;  // of the last block: each request below is whole pages but the last
-  for (std::size_t request : {2 * MiB, 4 * MiB, 18 * MiB, 20 * MiB, 22 * MiB, 46 * MiB, 100 * MiB, 200 * MiB,
-                              7 * MiB + 4096}) {
+  for (std::size_t request :
+       {2 * MiB, 4 * MiB, 18 * MiB, 20 * MiB, 22 * MiB, 46 * MiB, 100 * MiB, 200 * MiB, 7 * MiB + 4096}) {
     const std::size_t creates = s.sim->counters().physical_allocations_created;
     const std::size_t mapped = s.sim->mapped_bytes(0);
     const std::int64_t device_allocs = s.stats().num_device_alloc;

@@ -65,7 +65,8 @@ TEST(Expandable, DeviceWithoutVirtualMemoryUsesFixedSegments) {
   void* p = allocator.allocate(3 * MiB, 0, a);
   void* q = allocator.allocate(3 * MiB, 0, a);
   allocator.validate();
-  EXPECT_EQ(allocator.stats(0).reserved_bytes[0].current, static_cast<std::int64_t>(20 * MiB)) << "a fixed 20 MiB segment";
+  EXPECT_EQ(allocator.stats(0).reserved_bytes[0].current, static_cast<std::int64_t>(20 * MiB))
+      << "a fixed 20 MiB segment";
   for (const SegmentInfo& seg : allocator.segments(0)) EXPECT_FALSE(seg.expandable);
   allocator.deallocate(p, 0, 0, a);
   allocator.deallocate(q, 0, 0, a);
@@ -91,7 +92,8 @@ TEST(Expandable, HistoryTracesMapsAndUnmaps) {
     }
   }
   const std::vector<std::pair<std::string, std::pair<std::uintptr_t, std::size_t>>> expected = {
-      {"segment_map", {addr(p), 4 * MiB}}, {"segment_map", {addr(p) + 4 * MiB, 2 * MiB}},
+      {"segment_map", {addr(p), 4 * MiB}},
+      {"segment_map", {addr(p) + 4 * MiB, 2 * MiB}},
       {"segment_unmap", {addr(p), 6 * MiB}}};
   EXPECT_EQ(pages, expected);
 }

@@ -83,7 +83,7 @@ TEST(Expandable, ACompletedPendingBlockOfTheSizeIsTakenBeforeALargerBlockIsCarve
   s.a().deallocate(larger, 0, 0, a);
   s.a().record_stream(p, u);
   s.a().deallocate(p, 0, 0, a);
-  s.a().process_fences();  // u's batch is fenced; u has not run
+  s.a().process_fences();                    // u's batch is fenced; u has not run
   void* small = s.a().allocate(4096, 0, a);  // polls, at most once per tick: the fence is still in flight
   EXPECT_EQ(s.stats().pending_blocks.current, 1);
   s.sim->synchronize_stream(0, u);  // the consumer passes its fence; the cache has not looked since
@@ -111,12 +111,12 @@ TEST(Expandable, ASmallSizeTheHotListCannotServeSeesTheParkedBlocksMerged) {
   SimSetup s(kOn);
   const Stream a = s.sim->create_stream();
   std::vector<void*> quarters;
-  for (int i = 0; i < 4; ++i) quarters.push_back(s.a().allocate(512 * KiB, 0, a));  // the first page
+  for (int i = 0; i < 4; ++i) quarters.push_back(s.a().allocate(512 * KiB, 0, a));   // the first page
   void* halves[2] = {s.a().allocate(1 * MiB, 0, a), s.a().allocate(1 * MiB, 0, a)};  // the second page
   s.a().deallocate(halves[0], 0, 0, a);
   s.a().deallocate(halves[1], 0, 0, a);
   void* large = s.a().allocate(4 * MiB, 0, a);  // a large-pool miss flushes: the second page is one free block
-  s.a().deallocate(quarters[0], 0, 0, a);  // both parked in a's hot list, unmerged
+  s.a().deallocate(quarters[0], 0, 0, a);       // both parked in a's hot list, unmerged
   s.a().deallocate(quarters[1], 0, 0, a);
   const std::int64_t maps = s.stats().num_device_alloc;
   void* p = s.a().allocate(1 * MiB, 0, a);

@@ -163,7 +163,6 @@ TEST(Expandable, TrimmingUnmapsWholePiecesOnlyAndKeepsAPieceWithALiveBlock) {
   EXPECT_EQ(pages, expected);
 }
 
-
 TEST(Expandable, MemoryFractionCapsMappedBytes) {
   SimSetup s(std::string(kOn) + ",memory_fraction:0.25");  // 64 MiB of 256
   const Stream a = s.sim->create_stream();

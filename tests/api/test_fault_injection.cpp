@@ -27,7 +27,8 @@ struct Rig {
     config.mode = SimBackend::Mode::kManual;
     sim = std::make_shared<SimBackend>(config);
     faults = std::make_shared<FaultBackend>(sim);
-    allocator = std::make_unique<Allocator>(Options::parse("cross_stream_reuse:wait,poison:both,log_level:off"), faults);
+    allocator =
+        std::make_unique<Allocator>(Options::parse("cross_stream_reuse:wait,poison:both,log_level:off"), faults);
     a = sim->create_stream();
     b = sim->create_stream();
     u = sim->create_stream();
@@ -43,18 +44,28 @@ int run_workload(Rig& rig, bool tolerate_errors) {
   void* r = nullptr;
   void* s = nullptr;
   const std::vector<std::function<void()>> steps = {
-      [&] { p = al.allocate(1 * MiB, 0, rig.a); },                 // reserve, memset
-      [&] { rig.sim->enqueue(0, rig.u, [] {}); },                   // u is busy
-      [&] { if (p) al.record_stream(p, rig.u); },
-      [&] { if (p) al.deallocate(p, 0, 0, rig.a); },               // pending: create_event, record, query
-      [&] { q = al.allocate(40 * MiB, 0, rig.b); },                // reserve
-      [&] { rig.sim->enqueue(0, rig.b, [] {}); },                   // b is busy: q stays unsettled
-      [&] { if (q) al.deallocate(q, 0, 0, rig.b); },               // memset (poison)
-      [&] { r = al.allocate(40 * MiB, 0, rig.a); },                // no room: GPU wait on b's fence
-      [&] { if (r) al.deallocate(r, 0, 0, rig.a); },
-      [&] { s = al.allocate(60 * MiB, 0, rig.a); },                // OOM path: host sync, release, reserve
-      [&] { if (s) al.deallocate(s, 0, 0, rig.a); },
-      [&] { al.empty_cache(); },                                    // host sync, release
+      [&] { p = al.allocate(1 * MiB, 0, rig.a); },  // reserve, memset
+      [&] { rig.sim->enqueue(0, rig.u, [] {}); },   // u is busy
+      [&] {
+        if (p) al.record_stream(p, rig.u);
+      },
+      [&] {
+        if (p) al.deallocate(p, 0, 0, rig.a);
+      },                                             // pending: create_event, record, query
+      [&] { q = al.allocate(40 * MiB, 0, rig.b); },  // reserve
+      [&] { rig.sim->enqueue(0, rig.b, [] {}); },    // b is busy: q stays unsettled
+      [&] {
+        if (q) al.deallocate(q, 0, 0, rig.b);
+      },                                             // memset (poison)
+      [&] { r = al.allocate(40 * MiB, 0, rig.a); },  // no room: GPU wait on b's fence
+      [&] {
+        if (r) al.deallocate(r, 0, 0, rig.a);
+      },
+      [&] { s = al.allocate(60 * MiB, 0, rig.a); },  // OOM path: host sync, release, reserve
+      [&] {
+        if (s) al.deallocate(s, 0, 0, rig.a);
+      },
+      [&] { al.empty_cache(); },  // host sync, release
   };
   int threw = 0;
   for (const auto& step : steps) {
@@ -63,7 +74,8 @@ int run_workload(Rig& rig, bool tolerate_errors) {
     } catch (const Error& e) {
       if (!tolerate_errors) throw;
       ++threw;
-      EXPECT_NE(std::string(e.what()).find("injected"), std::string::npos) << "only the injected fault may fail: " << e.what();
+      EXPECT_NE(std::string(e.what()).find("injected"), std::string::npos)
+          << "only the injected fault may fail: " << e.what();
     }
     al.validate();
   }
@@ -109,18 +121,18 @@ std::string op_name(Op op) {
 }
 
 // The first and the second call of each kind (the workload makes one GPU-side wait only).
-INSTANTIATE_TEST_SUITE_P(
-    EveryDeviceCall, FaultInjection,
-    ::testing::Values(std::make_tuple(Op::kReserve, 1), std::make_tuple(Op::kReserve, 2),
-                      std::make_tuple(Op::kCreateEvent, 1), std::make_tuple(Op::kCreateEvent, 2),
-                      std::make_tuple(Op::kRecordEvent, 1), std::make_tuple(Op::kRecordEvent, 2),
-                      std::make_tuple(Op::kQueryEvent, 1), std::make_tuple(Op::kQueryEvent, 2),
-                      std::make_tuple(Op::kSynchronizeEvent, 1), std::make_tuple(Op::kSynchronizeEvent, 2),
-                      std::make_tuple(Op::kStreamWait, 1), std::make_tuple(Op::kMemset, 1),
-                      std::make_tuple(Op::kMemset, 2)),
-    [](const auto& info) {
-      return op_name(std::get<0>(info.param)) + "_call" + std::to_string(std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(EveryDeviceCall, FaultInjection,
+                         ::testing::Values(std::make_tuple(Op::kReserve, 1), std::make_tuple(Op::kReserve, 2),
+                                           std::make_tuple(Op::kCreateEvent, 1), std::make_tuple(Op::kCreateEvent, 2),
+                                           std::make_tuple(Op::kRecordEvent, 1), std::make_tuple(Op::kRecordEvent, 2),
+                                           std::make_tuple(Op::kQueryEvent, 1), std::make_tuple(Op::kQueryEvent, 2),
+                                           std::make_tuple(Op::kSynchronizeEvent, 1),
+                                           std::make_tuple(Op::kSynchronizeEvent, 2),
+                                           std::make_tuple(Op::kStreamWait, 1), std::make_tuple(Op::kMemset, 1),
+                                           std::make_tuple(Op::kMemset, 2)),
+                         [](const auto& info) {
+                           return op_name(std::get<0>(info.param)) + "_call" + std::to_string(std::get<1>(info.param));
+                         });
 
 TEST(FaultInjectionErrors, DeviceErrorsReachTheCallerAsBackendErrors) {
   Rig rig;

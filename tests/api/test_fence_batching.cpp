@@ -146,15 +146,15 @@ TEST(FenceBatching, AMissFencesItsBatchOfOtherStreamsPendingBlocks) {
   for (int i = 0; i < 4; ++i) cross_stream_pair(s, a, b);  // a has been fenced, and has blocks of its own
   void* c0 = s.a().allocate(kMegabyte, 0, c);
   s.a().record_stream(c0, a);
-  s.sim->enqueue(0, a, [] {});  // a works with c0
+  s.sim->enqueue(0, a, [] {});            // a works with c0
   s.a().deallocate(c0, kMegabyte, 0, c);  // pending in a's open batch: a fence of a is in flight
   const std::size_t a_queue = s.sim->queued_items(0, a);
   std::vector<void*> on_a;
   const std::int64_t segments = s.stats().segment[0].current;
   while (s.stats().segment[0].current == segments) on_a.push_back(s.a().allocate(kMegabyte, 0, a));  // a misses
   ASSERT_EQ(s.sim->queued_items(0, a), a_queue + 1) << "a's miss fenced the batch that holds c0";
-  s.sim->enqueue(0, a, [] {});                  // a works on
-  s.sim->advance(0, a, a_queue + 1);            // ... having passed that fence
+  s.sim->enqueue(0, a, [] {});        // a works on
+  s.sim->advance(0, a, a_queue + 1);  // ... having passed that fence
   s.a().process_fences();
   EXPECT_EQ(s.stats().pending_blocks.current, 0) << "c0 came back once a passed the miss";
   s.sim->synchronize_stream(0, a);

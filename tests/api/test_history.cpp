@@ -60,7 +60,7 @@ TEST(History, AllocAndFreeOnOneStreamCompleteAtOnce) {
   s.a().deallocate(p, 4 * KiB, 0, stream);
   const std::vector<TraceEntry> h = s.a().history(0);
   ASSERT_EQ(actions_of(h), (std::vector<TraceAction>{TraceAction::kSegmentAlloc, TraceAction::kAlloc,
-                                                      TraceAction::kFreeRequested, TraceAction::kFreeCompleted}));
+                                                     TraceAction::kFreeRequested, TraceAction::kFreeCompleted}));
   const auto address = reinterpret_cast<std::uintptr_t>(p);
   for (std::size_t i = 1; i < h.size(); ++i) {
     EXPECT_EQ(h[i].address, address);

@@ -67,12 +67,11 @@ TEST_P(ModelFuzz, RandomOperationsKeepEveryInvariant) {
     if (!runner.step(decode_op(source, config))) break;
   }
   runner.finish();
-  ASSERT_TRUE(runner.failure().empty())
-      << "case " << c.name << " (cross_stream_reuse:" << to_string(c.policy)
-      << (c.expandable_segments ? ", expandable_segments" : "") << ", seed " << seed << ", "
-      << c.streams << " streams, " << c.memory_limit / MiB << " MiB): " << runner.failure()
-      << "\nlast operations:\n"
-      << runner.trace();
+  ASSERT_TRUE(runner.failure().empty()) << "case " << c.name << " (cross_stream_reuse:" << to_string(c.policy)
+                                        << (c.expandable_segments ? ", expandable_segments" : "") << ", seed " << seed
+                                        << ", " << c.streams << " streams, " << c.memory_limit / MiB
+                                        << " MiB): " << runner.failure() << "\nlast operations:\n"
+                                        << runner.trace();
   EXPECT_EQ(runner.ops(), ops);
 
   // The run must have exercised what it claims to check: reads that could see a reused block, and

@@ -52,11 +52,12 @@ TEST(OomMessage, StartsWithPyTorchsSentencesThenStreamallocsReport) {
   const Stream a = s.sim->create_stream();
   void* p = s.a().allocate(64 * MiB, 0, a);
   const std::string msg = oom_message(s.a(), 64 * MiB, a);
-  EXPECT_TRUE(matches(msg,
-                      "^Simulated device out of memory\\. Tried to allocate 64\\.00 MiB\\. GPU 0 has a total "
-                      "capacity of 100\\.00 MiB of which 36\\.00 MiB is free\\. Of the allocated memory 64\\.00 MiB "
-                      "is allocated by streamalloc, and 0 bytes is reserved by streamalloc but unallocated\\. "
-                      "streamalloc \\(sim\\): request of 64\\.00 MiB \\(64\\.00 MiB rounded\\) on stream 0x[0-9a-f]+; "))
+  EXPECT_TRUE(
+      matches(msg,
+              "^Simulated device out of memory\\. Tried to allocate 64\\.00 MiB\\. GPU 0 has a total "
+              "capacity of 100\\.00 MiB of which 36\\.00 MiB is free\\. Of the allocated memory 64\\.00 MiB "
+              "is allocated by streamalloc, and 0 bytes is reserved by streamalloc but unallocated\\. "
+              "streamalloc \\(sim\\): request of 64\\.00 MiB \\(64\\.00 MiB rounded\\) on stream 0x[0-9a-f]+; "))
       << msg;
   EXPECT_TRUE(matches(msg, " What to do: .*max_split_size_mb")) << msg;
   EXPECT_FALSE(matches(msg, " allowed; ")) << "no cap, no cap sentence: " << msg;
@@ -70,9 +71,10 @@ TEST(OomMessage, ReservedButUnallocatedIsReservedMinusAllocated) {
   const Stream a = s.sim->create_stream();
   void* p = s.a().allocate(4 * MiB, 0, a);  // from a 20 MiB segment: 16 MiB of it is free
   const std::string msg = oom_message(s.a(), 60 * MiB, a);
-  EXPECT_TRUE(matches(msg, "Tried to allocate 60\\.00 MiB\\. GPU 0 has a total capacity of 64\\.00 MiB of which "
-                           "44\\.00 MiB is free\\. Of the allocated memory 4\\.00 MiB is allocated by streamalloc, "
-                           "and 16\\.00 MiB is reserved by streamalloc but unallocated\\."))
+  EXPECT_TRUE(matches(msg,
+                      "Tried to allocate 60\\.00 MiB\\. GPU 0 has a total capacity of 64\\.00 MiB of which "
+                      "44\\.00 MiB is free\\. Of the allocated memory 4\\.00 MiB is allocated by streamalloc, "
+                      "and 16\\.00 MiB is reserved by streamalloc but unallocated\\."))
       << msg;
   s.a().deallocate(p, 4 * MiB, 0, a);
 }
@@ -84,9 +86,10 @@ TEST(OomMessage, TriedToAllocateIsTheSegmentAndTheCapSaysAllowed) {
   // A 50 MiB segment, the whole cap; the 1 MiB left is too small to split off, so the block is 50 MiB.
   void* p = s.a().allocate(49 * MiB, 0, a);
   const std::string msg = oom_message(s.a(), 100, a);
-  EXPECT_TRUE(matches(msg, "out of memory\\. Tried to allocate 2\\.00 MiB\\. GPU 0 has a total capacity of "
-                           "100\\.00 MiB of which 50\\.00 MiB is free\\. 50\\.00 MiB allowed; Of the allocated "
-                           "memory 50\\.00 MiB is allocated by streamalloc, and 0 bytes is reserved"))
+  EXPECT_TRUE(matches(msg,
+                      "out of memory\\. Tried to allocate 2\\.00 MiB\\. GPU 0 has a total capacity of "
+                      "100\\.00 MiB of which 50\\.00 MiB is free\\. 50\\.00 MiB allowed; Of the allocated "
+                      "memory 50\\.00 MiB is allocated by streamalloc, and 0 bytes is reserved"))
       << msg;
   EXPECT_TRUE(matches(msg, "request of 100 bytes \\(512 bytes rounded\\)")) << msg;
   EXPECT_TRUE(matches(msg, "memory fraction cap 0\\.5 = 50\\.00 MiB")) << msg;
@@ -96,10 +99,11 @@ TEST(OomMessage, TriedToAllocateIsTheSegmentAndTheCapSaysAllowed) {
 TEST(OomMessage, LargerThanTheDeviceSaysSoAtOnceInPyTorchsWords) {
   SimSetup s("", SimBackend::Mode::kEager, 64 * MiB);
   const std::string msg = oom_message(s.a(), 800000000 * GiB, 0);
-  EXPECT_TRUE(matches(msg, "^Simulated device out of memory\\. Tried to allocate 800000000\\.00 GiB\\. GPU 0 has "
-                           "a total capacity of 64\\.00 MiB of which 64\\.00 MiB is free\\. Of the allocated memory "
-                           "0 bytes is allocated by streamalloc, and 0 bytes is reserved by streamalloc but "
-                           "unallocated\\. streamalloc \\(sim\\): .*larger than the device"))
+  EXPECT_TRUE(matches(msg,
+                      "^Simulated device out of memory\\. Tried to allocate 800000000\\.00 GiB\\. GPU 0 has "
+                      "a total capacity of 64\\.00 MiB of which 64\\.00 MiB is free\\. Of the allocated memory "
+                      "0 bytes is allocated by streamalloc, and 0 bytes is reserved by streamalloc but "
+                      "unallocated\\. streamalloc \\(sim\\): .*larger than the device"))
       << msg;
   EXPECT_EQ(s.stats().num_ooms, 1);
   EXPECT_EQ(s.stats().num_device_alloc, 0) << "no flush, no device call";
@@ -125,8 +129,8 @@ TEST(MemoryFraction, AcceptsZeroAndOneAndRejectsTheRestInPyTorchsWords) {
     EXPECT_NO_THROW(s.a().set_memory_fraction(ok, 0)) << ok;
     EXPECT_EQ(s.a().memory_fraction(0), ok);
   }
-  for (const double bad : {-0.1, 1.5, 1.0000001, std::numeric_limits<double>::quiet_NaN(),
-                           std::numeric_limits<double>::infinity()}) {
+  for (const double bad :
+       {-0.1, 1.5, 1.0000001, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
     try {
       s.a().set_memory_fraction(bad, 0);
       ADD_FAILURE() << "accepted " << bad;
@@ -151,8 +155,9 @@ TEST(MemoryFraction, ZeroRefusesEveryNewSegment) {
   s.a().set_memory_fraction(0.0, 0);
   EXPECT_EQ(s.a().memory_fraction(0), 0.0);
   const std::string msg = oom_message(s.a(), 8 * MiB, a);
-  EXPECT_TRUE(matches(msg, "Tried to allocate 20\\.00 MiB\\. GPU 0 has a total capacity of 256\\.00 MiB of which "
-                           "254\\.00 MiB is free\\. 0 bytes allowed; Of the allocated memory"))
+  EXPECT_TRUE(matches(msg,
+                      "Tried to allocate 20\\.00 MiB\\. GPU 0 has a total capacity of 256\\.00 MiB of which "
+                      "254\\.00 MiB is free\\. 0 bytes allowed; Of the allocated memory"))
       << msg;
   void* small = s.a().allocate(4096, 0, a);  // served from the live segment's free space
   EXPECT_NE(small, nullptr);

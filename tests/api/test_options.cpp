@@ -76,24 +76,17 @@ const GoodCase kGoodCases[] = {
     {"backend", "auto", [](const Options& o) { return o.backend == BackendKind::kAuto; }},
     {"backend", "cuda", [](const Options& o) { return o.backend == BackendKind::kCuda; }},
     {"backend", "sim", [](const Options& o) { return o.backend == BackendKind::kSim; }},
-    {"cross_stream_reuse", "never",
-     [](const Options& o) { return o.cross_stream_reuse == CrossStreamReuse::kNever; }},
+    {"cross_stream_reuse", "never", [](const Options& o) { return o.cross_stream_reuse == CrossStreamReuse::kNever; }},
     {"cross_stream_reuse", "settled",
      [](const Options& o) { return o.cross_stream_reuse == CrossStreamReuse::kSettled; }},
-    {"cross_stream_reuse", "wait",
-     [](const Options& o) { return o.cross_stream_reuse == CrossStreamReuse::kWait; }},
+    {"cross_stream_reuse", "wait", [](const Options& o) { return o.cross_stream_reuse == CrossStreamReuse::kWait; }},
     {"max_split_size_mb", "0", [](const Options& o) { return o.max_split_size_bytes == 0; }},
     {"max_split_size_mb", "21", [](const Options& o) { return o.max_split_size_bytes == 21 * MiB; }},
-    {"max_split_size_mb", "512",
-     [](const Options& o) { return o.max_split_size_bytes == 512 * MiB; }},
-    {"roundup_power2_divisions", "0",
-     [](const Options& o) { return o.roundup_power2_divisions == 0; }},
-    {"roundup_power2_divisions", "1",
-     [](const Options& o) { return o.roundup_power2_divisions == 1; }},
-    {"roundup_power2_divisions", "4",
-     [](const Options& o) { return o.roundup_power2_divisions == 4; }},
-    {"roundup_power2_divisions", "64",
-     [](const Options& o) { return o.roundup_power2_divisions == 64; }},
+    {"max_split_size_mb", "512", [](const Options& o) { return o.max_split_size_bytes == 512 * MiB; }},
+    {"roundup_power2_divisions", "0", [](const Options& o) { return o.roundup_power2_divisions == 0; }},
+    {"roundup_power2_divisions", "1", [](const Options& o) { return o.roundup_power2_divisions == 1; }},
+    {"roundup_power2_divisions", "4", [](const Options& o) { return o.roundup_power2_divisions == 4; }},
+    {"roundup_power2_divisions", "64", [](const Options& o) { return o.roundup_power2_divisions == 64; }},
     {"memory_fraction", "1", [](const Options& o) { return o.memory_fraction == 1.0; }},
     {"memory_fraction", "0.5", [](const Options& o) { return o.memory_fraction == 0.5; }},
     {"memory_fraction", "0.1", [](const Options& o) { return o.memory_fraction == 0.1; }},
@@ -156,10 +149,8 @@ class OptionsBadValue : public ::testing::TestWithParam<BadCase> {};
 
 TEST_P(OptionsBadValue, ParseRejectsNamingKeyAndAcceptedValues) {
   const BadCase& c = GetParam();
-  const std::string message =
-      config_error([&] { Options::parse(std::string(c.key) + ":" + c.value); });
-  EXPECT_NE(message.find("bad value '" + std::string(c.value) + "' for option '" + c.key + "'"),
-            std::string::npos)
+  const std::string message = config_error([&] { Options::parse(std::string(c.key) + ":" + c.value); });
+  EXPECT_NE(message.find("bad value '" + std::string(c.value) + "' for option '" + c.key + "'"), std::string::npos)
       << message;
   const auto accepted = message.find("; accepted: ");
   ASSERT_NE(accepted, std::string::npos) << message;
@@ -240,11 +231,11 @@ std::vector<std::string> key_names(OptionGroup group) {
 }
 
 TEST(OptionsTable, KeysAreTheDocumentedOnesInOrder) {
-  EXPECT_EQ(key_names(OptionGroup::kUser),
-            (std::vector<std::string>{"backend", "cross_stream_reuse", "max_split_size_mb",
-                                      "roundup_power2_divisions", "memory_fraction", "log_level", "audit",
-                                      "audit_file", "pending_warn_ms", "poison", "quarantine_mb", "check_sync",
-                                      "pending_history", "expandable_segments"}));
+  EXPECT_EQ(
+      key_names(OptionGroup::kUser),
+      (std::vector<std::string>{"backend", "cross_stream_reuse", "max_split_size_mb", "roundup_power2_divisions",
+                                "memory_fraction", "log_level", "audit", "audit_file", "pending_warn_ms", "poison",
+                                "quarantine_mb", "check_sync", "pending_history", "expandable_segments"}));
   EXPECT_EQ(Options::keys(), Options::keys(OptionGroup::kUser)) << "the user options are the default group";
 }
 
@@ -320,19 +311,19 @@ TEST(OptionsParse, UnknownKeyListsEveryKnownKey) {
 TEST(OptionsParse, SetWithUnknownKeyDoesNotBlameTheEnvironment) {
   Options options;
   const std::string message = config_error([&] { options.set("max_split_size", "100"); });
-  EXPECT_NE(message.find("unknown option 'max_split_size'; known options: "), std::string::npos)
-      << message;
+  EXPECT_NE(message.find("unknown option 'max_split_size'; known options: "), std::string::npos) << message;
   EXPECT_EQ(message.find("STREAMALLOC_CONF"), std::string::npos) << message;
 }
 
 TEST(OptionsParse, MessagesNameTheSourceTheCallerGives) {
   EXPECT_NE(config_error([] { Options::parse("foo:1", "--conf"); }).find("unknown option 'foo' in --conf;"),
             std::string::npos);
-  EXPECT_NE(config_error([] { Options::parse("audit", kConfVariable); })
-                .find("malformed item 'audit' in STREAMALLOC_CONF:"),
-            std::string::npos);
-  EXPECT_NE(config_error([] { Options::parse("audit:warn,audit:off", "the test"); })
-                .find("option 'audit' given twice in the test;"),
+  EXPECT_NE(
+      config_error([] { Options::parse("audit", kConfVariable); }).find("malformed item 'audit' in STREAMALLOC_CONF:"),
+      std::string::npos);
+  EXPECT_NE(config_error([] {
+              Options::parse("audit:warn,audit:off", "the test");
+            }).find("option 'audit' given twice in the test;"),
             std::string::npos);
 }
 
@@ -346,7 +337,7 @@ TEST(OptionsParse, MalformedItemSuggestsAnItemThatWorksEverywhere) {
 TEST(OptionsParse, UpdateAppliesAStringOnTopOfTheOptions) {
   Options options = Options::parse("audit:off,poison:free");
   options.update("audit:warn, check_sync:1", "the overrides");
-  EXPECT_EQ(options.audit, AuditMode::kWarn);  // the update's key wins
+  EXPECT_EQ(options.audit, AuditMode::kWarn);    // the update's key wins
   EXPECT_EQ(options.poison, PoisonMode::kFree);  // keys it does not give stay
   EXPECT_TRUE(options.check_sync);
   // A key twice within one update is still an error, and a failed update changes nothing.
@@ -378,8 +369,9 @@ TEST(OptionsSame, SameOptionsPassOtherOptionsAreRefusedNamingEachKey) {
   EXPECT_NO_THROW(require_same_options(Options::parse("audit:warn"), Options::parse(" audit : warn ,")));
   EXPECT_NO_THROW(require_same_options(Options{}, Options::parse("cross_stream_reuse:settled")))
       << "a default given explicitly is the same option";
-  const std::string message = config_error(
-      [] { require_same_options(Options::parse("audit:warn"), Options::parse("audit:warn,poison:free,sim_devices:2")); });
+  const std::string message = config_error([] {
+    require_same_options(Options::parse("audit:warn"), Options::parse("audit:warn,poison:free,sim_devices:2"));
+  });
   EXPECT_EQ(message.rfind("streamalloc: already configured with other options (", 0), 0u) << message;
   EXPECT_NE(message.find("poison: 'off' in use, 'free' asked"), std::string::npos) << message;
   EXPECT_NE(message.find("sim_devices: '1' in use, '2' asked"), std::string::npos) << message;
@@ -406,14 +398,11 @@ TEST(OptionsParse, MalformedItemsAreErrors) {
 
   // A missing value reaches the key's own check, which says what it accepts.
   message = config_error([] { Options::parse("backend:"); });
-  EXPECT_NE(message.find("bad value '' for option 'backend'; accepted: auto|cuda|sim"),
-            std::string::npos)
-      << message;
+  EXPECT_NE(message.find("bad value '' for option 'backend'; accepted: auto|cuda|sim"), std::string::npos) << message;
 }
 
 TEST(OptionsParse, DuplicateKeyIsAnError) {
-  const std::string message =
-      config_error([] { Options::parse("backend:sim,audit:warn, backend :cuda"); });
+  const std::string message = config_error([] { Options::parse("backend:sim,audit:warn, backend :cuda"); });
   EXPECT_NE(message.find("option 'backend' given twice"), std::string::npos) << message;
   // set() is for one key at a time and overrides, as keyword arguments do.
   Options options = Options::parse("backend:sim");

@@ -40,15 +40,15 @@ struct CountingSource {
 };
 
 // `body` throws streamalloc::Error with `code` and `fragment` in its message.
-#define EXPECT_STREAMALLOC_ERROR(body, expected_code, fragment)                                  \
-  do {                                                                                           \
-    try {                                                                                        \
-      body;                                                                                      \
-      ADD_FAILURE() << #body " did not throw";                                                   \
-    } catch (const Error& e) {                                                                   \
-      EXPECT_EQ(e.code(), expected_code) << e.what();                                            \
-      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();            \
-    }                                                                                            \
+#define EXPECT_STREAMALLOC_ERROR(body, expected_code, fragment)                       \
+  do {                                                                                \
+    try {                                                                             \
+      body;                                                                           \
+      ADD_FAILURE() << #body " did not throw";                                        \
+    } catch (const Error& e) {                                                        \
+      EXPECT_EQ(e.code(), expected_code) << e.what();                                 \
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what(); \
+    }                                                                                 \
   } while (false)
 
 PoolFilter any() {
@@ -110,16 +110,16 @@ TEST(PoolSegmentAllocator, RefusedForTheDefaultPoolUnknownPoolsAndPoolsWithSegme
   CountingSource source;
   EXPECT_STREAMALLOC_ERROR(s.a().set_pool_segment_allocator(0, PoolId{}, source.functions()),
                            ErrorCode::kInvalidArgument, "");
-  EXPECT_STREAMALLOC_ERROR(s.a().set_pool_segment_allocator(0, kPool, source.functions()),
-                           ErrorCode::kInvalidArgument, "");
+  EXPECT_STREAMALLOC_ERROR(s.a().set_pool_segment_allocator(0, kPool, source.functions()), ErrorCode::kInvalidArgument,
+                           "");
   s.a().create_or_incref_pool(0, kPool);
-  EXPECT_STREAMALLOC_ERROR(s.a().set_pool_segment_allocator(0, kPool, SegmentAllocator{}),
-                           ErrorCode::kInvalidArgument, "both");
+  EXPECT_STREAMALLOC_ERROR(s.a().set_pool_segment_allocator(0, kPool, SegmentAllocator{}), ErrorCode::kInvalidArgument,
+                           "both");
   s.a().begin_allocate_to_pool(0, kPool, any());
   void* p = s.a().allocate(4096, 0, s.sim->create_stream());
   s.a().end_allocate_to_pool(0, kPool);
-  EXPECT_STREAMALLOC_ERROR(s.a().set_pool_segment_allocator(0, kPool, source.functions()),
-                           ErrorCode::kInvalidArgument, "already holds");
+  EXPECT_STREAMALLOC_ERROR(s.a().set_pool_segment_allocator(0, kPool, source.functions()), ErrorCode::kInvalidArgument,
+                           "already holds");
   s.a().deallocate(p);
   s.a().validate();
   EXPECT_EQ(source.reserves, 0);

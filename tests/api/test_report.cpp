@@ -210,7 +210,7 @@ TEST(Report, TableShowsAPendingBlockWithItsStreamsAndFences) {
   EXPECT_EQ(table.rfind("Per-block stream report", 0), 0u) << table;
   const auto header = row(table, "block");
   EXPECT_EQ(header, (std::vector<std::string>{"block", "size", "state", "alloc", "on", "recorded", "on", "fences",
-                                               "age", "ms"}));
+                                              "age", "ms"}));
   // address, size (2 words), state, allocation stream, recorded streams, fences, age
   const auto once = row(table, hex_address(m.once_recorded));
   ASSERT_EQ(once.size(), 8u) << table;

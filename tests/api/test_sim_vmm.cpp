@@ -143,11 +143,11 @@ TEST(SimVmm, UnmappingPartOfAMappingIsAnErrorAndChangesNothing) {
   const SimBackend::Counters counters = sim.counters();
   char first[32];
   std::snprintf(first, sizeof first, "0x%jx", static_cast<std::uintmax_t>(reinterpret_cast<std::uintptr_t>(base)));
-  for (const auto& [offset, bytes] : {std::pair{std::size_t{0}, kPage},  // the first page of the first mapping
-                                      std::pair{kPage, 2 * kPage},       // its last two
-                                      std::pair{kPage, kPage},           // its middle
+  for (const auto& [offset, bytes] : {std::pair{std::size_t{0}, kPage},      // the first page of the first mapping
+                                      std::pair{kPage, 2 * kPage},           // its last two
+                                      std::pair{kPage, kPage},               // its middle
                                       std::pair{std::size_t{0}, 4 * kPage},  // it, and half of the next
-                                      std::pair{3 * kPage, kPage}}) {    // the first half of the second
+                                      std::pair{3 * kPage, kPage}}) {        // the first half of the second
     expect_backend_error([&] { sim.unmap_pages(0, at(base, offset), bytes); }, {"unmap_pages", "cut the mapping at"});
     expect_backend_error([&] { sim.unmap_unused_pages(0, at(base, offset), bytes); },
                          {"unmap_unused_pages", "cut the mapping at", "unmapped whole"});
@@ -229,7 +229,8 @@ TEST(SimVmm, MappedPagesAndReservationsShareTheDeviceMemory) {
   void* base = sim.reserve_address_range(0, 64 * MiB);
   ASSERT_NE(base, nullptr);
   ASSERT_TRUE(sim.map_pages(0, base, 16 * MiB));
-  ASSERT_TRUE(sim.map_pages(0, at(base, 16 * MiB), 8 * MiB)) << "40 MiB reserved + 24 MiB mapped fill the 64 MiB device";
+  ASSERT_TRUE(sim.map_pages(0, at(base, 16 * MiB), 8 * MiB))
+      << "40 MiB reserved + 24 MiB mapped fill the 64 MiB device";
   EXPECT_EQ(sim.memory_info(0).free_bytes, 0u);
   EXPECT_EQ(sim.memory_info(0).total_bytes, 64 * MiB);
   EXPECT_FALSE(sim.map_pages(0, at(base, 24 * MiB), kPage)) << "no room for one more page";
@@ -317,7 +318,8 @@ TEST(SimVmm, MisuseIsAnErrorAndChangesNothing) {
   const MemoryView before = view(sim);
   const std::size_t ranges_before = sim.counters().address_range_reserves;
 
-  expect_backend_error([&] { sim.reserve_address_range(0, 0); }, {"reserve_address_range", "multiple of the granularity"});
+  expect_backend_error([&] { sim.reserve_address_range(0, 0); },
+                       {"reserve_address_range", "multiple of the granularity"});
   expect_backend_error([&] { sim.reserve_address_range(0, kPage + 4096); }, {"multiple of the granularity"});
   expect_backend_error([&] { sim.map_pages(0, at(base, 4096), kPage); }, {"map_pages", "not aligned"});
   expect_backend_error([&] { sim.map_pages(0, at(base, 2 * kPage), kPage / 2); }, {"multiple of the granularity"});
@@ -469,7 +471,8 @@ TEST(SimVmm, DeviceWithoutVirtualMemorySaysSo) {
   expect_backend_error([&] { sim.map_pages(0, &local, kPage); }, {"map_pages", "not supported"});
   expect_backend_error([&] { sim.unmap_pages(0, &local, kPage); }, {"unmap_pages", "not supported"});
   expect_backend_error([&] { sim.unmap_unused_pages(0, &local, kPage); }, {"unmap_unused_pages", "not supported"});
-  expect_backend_error([&] { sim.release_address_range(0, &local, kPage); }, {"release_address_range", "not supported"});
+  expect_backend_error([&] { sim.release_address_range(0, &local, kPage); },
+                       {"release_address_range", "not supported"});
 }
 
 // A backend that implements only the required calls: it gets the seam's defaults for virtual memory.
@@ -496,7 +499,8 @@ TEST(SimVmm, BackendDefaultsSayNotSupported) {
   MinimalBackend backend;
   EXPECT_FALSE(backend.supports_virtual_memory(0));
   int local = 0;
-  expect_backend_error([&] { backend.vm_granularity(0); }, {"minimal backend", "vm_granularity(device 0)", "not supported"});
+  expect_backend_error([&] { backend.vm_granularity(0); },
+                       {"minimal backend", "vm_granularity(device 0)", "not supported"});
   expect_backend_error([&] { backend.reserve_address_range(0, kPage); }, {"reserve_address_range", "not supported"});
   expect_backend_error([&] { backend.map_pages(0, &local, kPage); }, {"map_pages", "not supported"});
   expect_backend_error([&] { backend.unmap_pages(0, &local, kPage); }, {"unmap_pages", "not supported"});

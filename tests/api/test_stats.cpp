@@ -42,9 +42,9 @@ TEST(StatsStat, ResetPeakAndAccumulated) {
 // The key set of torch.cuda.memory_stats() (PyTorch 2.11, torch/csrc/cuda/Module.cpp).
 TEST(StatsFlat, HasPyTorchMemoryStatsKeys) {
   const auto flat = DeviceStats{}.flat();
-  const char* pool_stats[] = {"allocation",      "segment",        "active",
-                              "inactive_split",  "allocated_bytes", "reserved_bytes",
-                              "active_bytes",    "inactive_split_bytes", "requested_bytes"};
+  const char* pool_stats[] = {"allocation",      "segment",        "active",       "inactive_split",
+                              "allocated_bytes", "reserved_bytes", "active_bytes", "inactive_split_bytes",
+                              "requested_bytes"};
   for (const char* name : pool_stats) {
     for (const char* pool : {"all", "small_pool", "large_pool"}) {
       for (const char* metric : {"current", "peak", "allocated", "freed"}) {
@@ -53,11 +53,11 @@ TEST(StatsFlat, HasPyTorchMemoryStatsKeys) {
       }
     }
   }
-  for (const char* key : {"num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
-                          "num_device_free", "max_split_size", "oversize_allocations.current",
-                          "oversize_allocations.peak", "oversize_allocations.allocated", "oversize_allocations.freed",
-                          "oversize_segments.current", "oversize_segments.peak", "oversize_segments.allocated",
-                          "oversize_segments.freed"}) {
+  for (const char* key :
+       {"num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc", "num_device_free",
+        "max_split_size", "oversize_allocations.current", "oversize_allocations.peak", "oversize_allocations.allocated",
+        "oversize_allocations.freed", "oversize_segments.current", "oversize_segments.peak",
+        "oversize_segments.allocated", "oversize_segments.freed"}) {
     EXPECT_EQ(flat.count(key), 1u) << key;
   }
   EXPECT_EQ(flat.size(), 9u * 3u * 4u + 5u + 8u + 1u) << "no extra keys";

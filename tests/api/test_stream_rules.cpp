@@ -163,9 +163,9 @@ TEST(StreamRules, Rule4_ABusyStreamsBatchIsFencedNotReleased) {
   s.a().record_stream(p, b);
   s.sim->enqueue(0, b, [] {});
   s.a().deallocate(p0, kBig, 0, a);
-  s.a().deallocate(p, kBig, 0, a);  // open batch behind the fence in flight
-  s.sim->advance(0, b, 2);          // the work and the first fence run; b is idle...
-  s.sim->enqueue(0, b, [] {});      // ...and busy again, so the batch needs a fence of its own
+  s.a().deallocate(p, kBig, 0, a);       // open batch behind the fence in flight
+  s.sim->advance(0, b, 2);               // the work and the first fence run; b is idle...
+  s.sim->enqueue(0, b, [] {});           // ...and busy again, so the batch needs a fence of its own
   void* q = s.a().allocate(kBig, 0, a);  // a miss: p0 comes back, p must not
   EXPECT_EQ(q, p0);
   EXPECT_EQ(s.stats().fences_skipped_idle, 0);
@@ -228,7 +228,7 @@ TEST(StreamRules, Rule5_SettledBlocksMoveAcrossStreamsWithoutHostSync) {
   const Stream b = s.sim->create_stream();
   void* p = s.a().allocate(kBig, 0, a);
   s.a().deallocate(p, kBig, 0, a);
-  s.a().process_fences();          // closes a's batch
+  s.a().process_fences();           // closes a's batch
   s.sim->synchronize_stream(0, a);  // the device passes the fence
   void* q = s.a().allocate(kBig, 0, b);
   EXPECT_EQ(q, p) << "a settled block serves another stream";

@@ -25,11 +25,11 @@ constexpr std::size_t kMaxLivePerThread = 64;
 
 // What one thread did, per device, to compare with the allocator's stats afterwards.
 struct ThreadLog {
-  std::vector<std::int64_t> allocations;     // successful non-null allocations
-  std::vector<std::int64_t> record_calls;    // record_stream calls that reached the device
-  std::vector<std::int64_t> ooms;            // allocations that failed with kOutOfMemory
+  std::vector<std::int64_t> allocations;   // successful non-null allocations
+  std::vector<std::int64_t> record_calls;  // record_stream calls that reached the device
+  std::vector<std::int64_t> ooms;          // allocations that failed with kOutOfMemory
   std::int64_t cross_device_rejects = 0;
-  std::string failure;                       // first unexpected outcome
+  std::string failure;  // first unexpected outcome
 };
 
 struct StressCase {
@@ -84,7 +84,7 @@ std::size_t random_size(std::mt19937_64& rng) {
     return low + rng() % (low + 1);
   }
   if (kind < 98) return MiB + rng() % (3 * MiB);  // mid-size
-  return 12 * MiB;                                 // own segment
+  return 12 * MiB;                                // own segment
 }
 
 void Stress::run_thread(int thread, ThreadLog& log) {
@@ -127,7 +127,8 @@ void Stress::run_thread(int thread, ThreadLog& log) {
           ptr = allocator_->allocate(size, device, stream);
         } catch (const Error& e) {
           if (e.code() != ErrorCode::kOutOfMemory) throw;
-          ++log.ooms[static_cast<std::size_t>(device)];  // possible under pressure from all threads; the thread frees and goes on
+          ++log.ooms[static_cast<std::size_t>(
+              device)];  // possible under pressure from all threads; the thread frees and goes on
           if (!live.empty()) free_block(0);
           continue;
         }
@@ -242,9 +243,7 @@ INSTANTIATE_TEST_SUITE_P(Stress, Stress,
                                            StressCase{"wait", 1, CrossStreamReuse::kWait},
                                            StressCase{"never", 1, CrossStreamReuse::kNever},
                                            StressCase{"two_devices", 2, CrossStreamReuse::kSettled}),
-                         [](const ::testing::TestParamInfo<StressCase>& info) {
-                           return std::string(info.param.name);
-                         });
+                         [](const ::testing::TestParamInfo<StressCase>& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace streamalloc

@@ -43,8 +43,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::fprintf(stderr,
                  "streamalloc_fuzz: cross_stream_reuse:%s, expandable_segments:%d, %d streams, %zu MiB: %s\nlast "
                  "operations:\n%s",
-                 to_string(config.policy), config.expandable_segments ? 1 : 0, config.streams, config.memory_limit / MiB, runner.failure().c_str(),
-                 runner.trace().c_str());
+                 to_string(config.policy), config.expandable_segments ? 1 : 0, config.streams,
+                 config.memory_limit / MiB, runner.failure().c_str(), runner.trace().c_str());
     std::abort();
   }
   return 0;

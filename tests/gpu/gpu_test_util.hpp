@@ -24,8 +24,8 @@ namespace streamalloc::gpu_test {
 inline void check_cuda(cudaError_t err, const char* call, const char* file, int line) {
   if (err == cudaSuccess) return;
   (void)cudaGetLastError();
-  throw std::runtime_error(std::string(file) + ":" + std::to_string(line) + ": " + call + " failed: " +
-                           cudaGetErrorString(err) + " (" + cudaGetErrorName(err) + ")");
+  throw std::runtime_error(std::string(file) + ":" + std::to_string(line) + ": " + call +
+                           " failed: " + cudaGetErrorString(err) + " (" + cudaGetErrorName(err) + ")");
 }
 #define GPU_CHECK(call) ::streamalloc::gpu_test::check_cuda((call), #call, __FILE__, __LINE__)
 
@@ -131,9 +131,7 @@ inline std::uint64_t expected_checksum(std::size_t words, std::uint32_t value) {
 }
 
 // The options of a test allocator under one cross-stream reuse policy ("never", "settled", "wait").
-inline Options policy_options(const std::string& policy) {
-  return Options::parse("cross_stream_reuse:" + policy);
-}
+inline Options policy_options(const std::string& policy) { return Options::parse("cross_stream_reuse:" + policy); }
 
 // Drive every fence of `allocator` to completion on the device, then let the allocator see it, the
 // way time passing does in a real program: close open batches, wait for the device, poll.
@@ -155,12 +153,13 @@ inline std::uint32_t* as_words(void* ptr) { return static_cast<std::uint32_t*>(p
 
 // One line with the counters that say how a run went, for the log of a GPU run.
 inline void print_summary(const std::string& what, const DeviceStats& s) {
-  std::printf("[ streamalloc ] %s: fences_recorded=%lld fences_waited_gpu=%lld cross_stream_reuse_settled=%lld "
-              "cross_stream_reuse_waited=%lld num_sync_all_streams=%lld num_device_alloc=%lld peak_reserved=%s\n",
-              what.c_str(), static_cast<long long>(s.fences_recorded), static_cast<long long>(s.fences_waited_gpu),
-              static_cast<long long>(s.cross_stream_reuse_settled), static_cast<long long>(s.cross_stream_reuse_waited),
-              static_cast<long long>(s.num_sync_all_streams), static_cast<long long>(s.num_device_alloc),
-              format_bytes(static_cast<std::size_t>(s.reserved_bytes[0].peak)).c_str());
+  std::printf(
+      "[ streamalloc ] %s: fences_recorded=%lld fences_waited_gpu=%lld cross_stream_reuse_settled=%lld "
+      "cross_stream_reuse_waited=%lld num_sync_all_streams=%lld num_device_alloc=%lld peak_reserved=%s\n",
+      what.c_str(), static_cast<long long>(s.fences_recorded), static_cast<long long>(s.fences_waited_gpu),
+      static_cast<long long>(s.cross_stream_reuse_settled), static_cast<long long>(s.cross_stream_reuse_waited),
+      static_cast<long long>(s.num_sync_all_streams), static_cast<long long>(s.num_device_alloc),
+      format_bytes(static_cast<std::size_t>(s.reserved_bytes[0].peak)).c_str());
 }
 
 }  // namespace streamalloc::gpu_test

@@ -21,7 +21,8 @@ class GpuVmTest : public GpuTest {
     if (IsSkipped()) return;
     backend_ = make_cuda_backend();
     if (!backend_->supports_virtual_memory(0)) {
-      GTEST_SKIP() << "device 0 has no virtual memory management (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)";
+      GTEST_SKIP()
+          << "device 0 has no virtual memory management (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)";
     }
   }
   std::size_t free_bytes() { return backend_->memory_info(0).free_bytes; }

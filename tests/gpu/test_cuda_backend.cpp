@@ -75,8 +75,8 @@ TEST_F(GpuCudaBackend, ReservedMemoryIsAlignedWritableAndReleased) {
     EXPECT_EQ(device_of_pointer(ptr), 0);
     if (bytes == 1 * GiB) {
       // Slack for the runtime's own bookkeeping; a constant or wrong device's answer would not move.
-      const auto drop = static_cast<std::int64_t>(before.free_bytes) -
-                        static_cast<std::int64_t>(backend().memory_info(0).free_bytes);
+      const auto drop =
+          static_cast<std::int64_t>(before.free_bytes) - static_cast<std::int64_t>(backend().memory_info(0).free_bytes);
       EXPECT_GE(drop, static_cast<std::int64_t>(1 * GiB - 64 * MiB));
     }
     TestStream stream;

@@ -43,9 +43,8 @@ struct Range {
 
 bool overlaps_any(const void* ptr, std::size_t size, const std::vector<Range>& ranges) {
   const auto begin = reinterpret_cast<std::uintptr_t>(ptr);
-  return std::any_of(ranges.begin(), ranges.end(), [&](const Range& r) {
-    return begin < r.begin + r.size && r.begin < begin + size;
-  });
+  return std::any_of(ranges.begin(), ranges.end(),
+                     [&](const Range& r) { return begin < r.begin + r.size && r.begin < begin + size; });
 }
 
 TEST_P(GpuAllocatorPolicy, LiveBlocksHoldTheirDataAndStatsReturnToZero) {
@@ -452,7 +451,8 @@ TEST_F(GpuAllocatorOom, AllocateUntilTheDeviceRefusesThenRecover) {
   ASSERT_FALSE(message.empty()) << "the device never refused after " << blocks.size() << " x " << format_bytes(kChunk);
   EXPECT_GT(blocks.size() * kChunk + 2 * kChunk, device_before.free_bytes)
       << "refused long before the device was full: " << message;
-  EXPECT_NE(message.find("Tried to allocate " + format_size(kChunk)), std::string::npos) << "the message must say what was asked: " << message;
+  EXPECT_NE(message.find("Tried to allocate " + format_size(kChunk)), std::string::npos)
+      << "the message must say what was asked: " << message;
   EXPECT_NE(message.find("out of memory"), std::string::npos) << message;
   EXPECT_EQ(allocator.stats(0).num_ooms, 1);
   std::printf("[ streamalloc ] OOM after %zu x %s: %s\n", blocks.size(), format_bytes(kChunk).c_str(), message.c_str());

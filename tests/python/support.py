@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from streamalloc import _native
 
 HERE = Path(__file__).resolve().parent
@@ -35,7 +34,8 @@ HAS_EXTENSION = _native.find_extension() is not None
 requires_torch = pytest.mark.skipif(not HAS_TORCH, reason="PyTorch is not installed")
 requires_native = pytest.mark.skipif(
     not HAS_C_LIBRARY,
-    reason="libstreamalloc.so not found: build the repository and set STREAMALLOC_LIBRARY_DIR (or STREAMALLOC_BUILD_DIR)")
+    reason="libstreamalloc.so not found: build the repository and set STREAMALLOC_LIBRARY_DIR"
+    " (or STREAMALLOC_BUILD_DIR)")
 requires_extension = pytest.mark.skipif(
     not HAS_EXTENSION,
     reason="the LibTorch extension (_torch_ext) was not built: configure with LibTorch on CMAKE_PREFIX_PATH")

@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from support import REPO
 
 REPORT = REPO / "bench" / "report.py"

@@ -5,7 +5,6 @@ Each case runs in a fresh interpreter, because enabling is once per process."""
 import json
 
 import pytest
-
 from streamalloc import _enable
 from support import CUDA_DEVICES, HAS_EXTENSION, requires_extension, requires_native, requires_torch, run_code
 

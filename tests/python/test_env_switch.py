@@ -12,12 +12,10 @@ import json
 import os
 import subprocess
 import sys
-import sysconfig
 import textwrap
 from pathlib import Path
 
 import pytest
-
 from support import REPO, requires_cuda, requires_native, requires_torch
 
 PTH = REPO / "torch_plugin" / "streamalloc" / "streamalloc-autoenable.pth"
@@ -55,7 +53,8 @@ def run_in(python: Path, code: str | None, switch: str | None, conf: str | None 
                           timeout=timeout)
 
 
-LOADED = "import sys, json; print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('streamalloc', 'torch'))))"
+LOADED = ("import sys, json; print(json.dumps(sorted(m for m in sys.modules"
+          " if m.split('.')[0] in ('streamalloc', 'torch'))))")
 
 
 def test_the_pth_is_one_import_line_that_checks_the_environment_itself():

@@ -10,7 +10,6 @@ import math
 import sys
 
 import pytest
-
 from support import CUDA_DEVICES, HAS_C_LIBRARY, REPO, requires_cuda, requires_torch, run_python
 
 SCRIPT = REPO / "bench" / "studies" / "fragmentation.py"

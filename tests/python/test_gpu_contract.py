@@ -24,7 +24,6 @@ import functools
 import math
 
 import pytest
-
 from support import ProbeRun, contract_probe, requires_cuda, requires_extension, requires_native, run_probe
 
 pytestmark = [requires_cuda, requires_native]
@@ -422,7 +421,8 @@ def test_memory_fraction_valid_and_invalid_values():
     lines = []
     for case, n in native["invalid"].items():
         o = ours["invalid"][case]
-        if (n is None) != (o is None) or (n and (n["type"], n["is_runtime_error"]) != (o["type"], o["is_runtime_error"])):
+        if (n is None) != (o is None) or (
+                n and (n["type"], n["is_runtime_error"]) != (o["type"], o["is_runtime_error"])):
             lines.append(f"{case}: native={n} streamalloc={o}")
     assert not lines, "set/get_per_process_memory_fraction differ on bad input:\n  " + "\n  ".join(lines)
     assert close(native["after_invalid"], 1.0) and close(ours["after_invalid"], 1.0), (native, ours)

@@ -21,7 +21,6 @@ import functools
 import math
 
 import pytest
-
 from support import ProbeRun, requires_cuda, requires_extension, requires_native, run_probe
 
 pytestmark = [requires_cuda, requires_native]
@@ -255,7 +254,10 @@ def test_rng_and_allocation_work_after_a_failed_capture(allocator, failure):
         # capture"). The contract is the same outcome, not a better one.
         raw = run.result()["behaviours"][failure]
         assert isinstance(raw, dict) and "error" in raw, (raw, native_raw)
-        last = lambda text: text.strip().splitlines()[-1]
+
+        def last(text):
+            return text.strip().splitlines()[-1]
+
         assert last(raw["error"]) == last(native_raw["error"]), (raw["error"], native_raw["error"])
         return
     f = run.facts(failure)

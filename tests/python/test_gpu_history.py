@@ -14,7 +14,6 @@ Run on a CUDA machine, after building (the extension needs LibTorch on CMAKE_PRE
 from __future__ import annotations
 
 import pytest
-
 from support import ProbeRun, contract_probe, requires_cuda, requires_extension, requires_native
 
 pytestmark = [requires_cuda, requires_native]

@@ -15,8 +15,7 @@ from __future__ import annotations
 import functools
 
 import pytest
-
-from support import ProbeRun, SCRIPTS, requires_cuda, requires_extension, requires_native, run_python
+from support import SCRIPTS, ProbeRun, requires_cuda, requires_extension, requires_native, run_python
 
 pytestmark = [requires_cuda, requires_native, requires_extension]
 

@@ -18,7 +18,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from support import ProbeRun, requires_cuda, requires_extension, requires_native, run_probe
 
 pytestmark = [requires_cuda, requires_native]

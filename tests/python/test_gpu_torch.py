@@ -10,9 +10,16 @@ import math
 import re
 
 import pytest
-
-from support import (EXAMPLES, HAS_EXTENSION, SCRIPTS, last_json, requires_cuda, requires_extension,
-                     requires_native, run_python)
+from support import (
+    EXAMPLES,
+    HAS_EXTENSION,
+    SCRIPTS,
+    last_json,
+    requires_cuda,
+    requires_extension,
+    requires_native,
+    run_python,
+)
 
 pytestmark = [requires_cuda, requires_native]
 

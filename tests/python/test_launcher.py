@@ -4,7 +4,6 @@ import json
 import textwrap
 
 import pytest
-
 from support import CUDA_DEVICES, requires_native, requires_torch, run_python
 
 pytestmark = [requires_native, requires_torch]

@@ -6,7 +6,6 @@ import importlib.util
 import pickle
 
 import pytest
-
 from support import EXAMPLES
 
 spec = importlib.util.spec_from_file_location("memory_viz", EXAMPLES / "memory_viz.py")

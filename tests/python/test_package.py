@@ -4,7 +4,6 @@ import importlib.util
 import json
 
 import pytest
-
 from streamalloc import _conf, report
 from support import REPO, run_code, run_python
 

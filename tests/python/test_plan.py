@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from support import run_python
 from streamalloc import plan
+from support import run_python
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "planner" / "tools"))

@@ -15,7 +15,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from support import HAS_TORCH, REPO, requires_native, run_code
 
 README = REPO / "README.md"

@@ -4,9 +4,8 @@ import json
 import re
 
 import pytest
-
 from streamalloc import _conf, _inspect, _native, report
-from support import REPO, SCRIPTS, HAS_TORCH, last_json, requires_extension, requires_native, run_code, run_python
+from support import HAS_TORCH, REPO, SCRIPTS, last_json, requires_extension, requires_native, run_code, run_python
 
 HEADER = (REPO / "allocator" / "include" / "streamalloc" / "streamalloc.h").read_text()
 
@@ -106,7 +105,8 @@ def test_report_reads_the_pending_history(sim):
 def test_timeline_is_drawn_from_a_dump(sim, tmp_path, suffix):
     pytest.importorskip("matplotlib", reason="--timeline draws with matplotlib")
     dump = tmp_path / "dump.json"
-    dump.write_text(json.dumps({"snapshot": sim["snapshot"], "pending_history": {"0": sim["history_after_empty_cache"]}}))
+    pending = {"0": sim["history_after_empty_cache"]}
+    dump.write_text(json.dumps({"snapshot": sim["snapshot"], "pending_history": pending}))
     out = tmp_path / f"timeline{suffix}"
     assert report.main([str(dump), "--timeline", str(out)]) == 0
     data = out.read_bytes()

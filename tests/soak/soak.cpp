@@ -58,10 +58,14 @@ bool parse_bytes(const char* text, std::size_t* out) {
   if (*text < '0' || *text > '9') return false;
   unsigned long long value = std::strtoull(text, &end, 10);
   const std::string suffix = end;
-  if (suffix == "K") value *= KiB;
-  else if (suffix == "M") value *= MiB;
-  else if (suffix == "G") value *= GiB;
-  else if (!suffix.empty()) return false;
+  if (suffix == "K")
+    value *= KiB;
+  else if (suffix == "M")
+    value *= MiB;
+  else if (suffix == "G")
+    value *= GiB;
+  else if (!suffix.empty())
+    return false;
   *out = static_cast<std::size_t>(value);
   return true;
 }
@@ -69,16 +73,12 @@ bool parse_bytes(const char* text, std::size_t* out) {
 // Returns 0 with `args` filled, 2 for bad arguments, -1 for --help.
 int parse_args(int argc, char** argv, Args* args) {
   // getopt_long rather than CLI11: the GPU machine's image has no CLI11 and no network to fetch it.
-  static const option kOptions[] = {{"seconds", required_argument, nullptr, 's'},
-                                    {"iterations", required_argument, nullptr, 'i'},
-                                    {"streams", required_argument, nullptr, 'k'},
-                                    {"seed", required_argument, nullptr, 'r'},
-                                    {"max-size", required_argument, nullptr, 'm'},
-                                    {"conf", required_argument, nullptr, 'c'},
-                                    {"backend", required_argument, nullptr, 'b'},
-                                    {"json", required_argument, nullptr, 'j'},
-                                    {"help", no_argument, nullptr, 'h'},
-                                    {nullptr, 0, nullptr, 0}};
+  static const option kOptions[] = {
+      {"seconds", required_argument, nullptr, 's'},  {"iterations", required_argument, nullptr, 'i'},
+      {"streams", required_argument, nullptr, 'k'},  {"seed", required_argument, nullptr, 'r'},
+      {"max-size", required_argument, nullptr, 'm'}, {"conf", required_argument, nullptr, 'c'},
+      {"backend", required_argument, nullptr, 'b'},  {"json", required_argument, nullptr, 'j'},
+      {"help", no_argument, nullptr, 'h'},           {nullptr, 0, nullptr, 0}};
   std::uint64_t pairs = static_cast<std::uint64_t>(args->workload.pairs);
   for (int opt; (opt = getopt_long(argc, argv, "s:i:k:r:m:c:b:j:h", kOptions, nullptr)) != -1;) {
     bool ok = true;
@@ -184,10 +184,11 @@ nlohmann::ordered_json summary_json(const Args& args, const std::string& device,
           {"syncs", c.syncs},
           {"checks", c.checks},
           {"checks_wrong", c.checks_wrong},
-          {"end", {{"allocated_bytes", end.allocated_bytes},
-                   {"pending_bytes", end.pending_bytes},
-                   {"reserved_bytes_after_empty_cache", end.reserved_bytes},
-                   {"validate_error", end.validate_error}}},
+          {"end",
+           {{"allocated_bytes", end.allocated_bytes},
+            {"pending_bytes", end.pending_bytes},
+            {"reserved_bytes_after_empty_cache", end.reserved_bytes},
+            {"validate_error", end.validate_error}}},
           {"pass", pass},
           {"stats", nlohmann::ordered_json::parse(stats_json)}};
 }

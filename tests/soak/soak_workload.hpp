@@ -17,7 +17,7 @@
 namespace streamalloc {
 
 struct SoakConfig {
-  int pairs = 4;                   // (prefetch, compute) stream pairs
+  int pairs = 4;  // (prefetch, compute) stream pairs
   std::uint64_t seed = 1;
   std::size_t min_size = 512;
   std::size_t max_size = 64 * MiB;  // sizes are log-uniform in [min_size, max_size]
@@ -33,9 +33,9 @@ struct SoakCounts {
   std::uint64_t third_stream_consumers = 0;      // batches also read (and record_stream'ed) on a third stream
   std::uint64_t empty_cache_calls = 0;
   std::uint64_t validate_calls = 0;
-  std::uint64_t syncs = 0;                       // host synchronizations that read the check flags
-  std::uint64_t checks = 0;                      // consumes whose flag was read back
-  std::uint64_t checks_wrong = 0;                // ... that saw a byte other than their value
+  std::uint64_t syncs = 0;         // host synchronizations that read the check flags
+  std::uint64_t checks = 0;        // consumes whose flag was read back
+  std::uint64_t checks_wrong = 0;  // ... that saw a byte other than their value
 };
 
 // The state after finish(): every block freed, fences processed, the cache emptied.

@@ -21,8 +21,8 @@ class ConformanceEnv {
  public:
   virtual ~ConformanceEnv() = default;
   virtual std::shared_ptr<Backend> backend() = 0;
-  virtual Stream new_stream() = 0;    // lives until the env is destroyed
-  virtual void synchronize() = 0;     // the device has finished all enqueued work
+  virtual Stream new_stream() = 0;                  // lives until the env is destroyed
+  virtual void synchronize() = 0;                   // the device has finished all enqueued work
   virtual std::string skip_reason() { return ""; }  // non-empty: the backend is not available here
 };
 

@@ -16,7 +16,16 @@ namespace streamalloc::testing {
 
 class FaultBackend final : public Backend {
  public:
-  enum class Op { kReserve, kCreateEvent, kRecordEvent, kQueryEvent, kQueryStream, kSynchronizeEvent, kStreamWait, kMemset };
+  enum class Op {
+    kReserve,
+    kCreateEvent,
+    kRecordEvent,
+    kQueryEvent,
+    kQueryStream,
+    kSynchronizeEvent,
+    kStreamWait,
+    kMemset
+  };
   // The virtual-memory calls, apart: workloads that enumerate Op need not know them.
   enum class VmOp { kReserveAddressRange, kMapPages, kUnmapPages, kReleaseAddressRange };
 

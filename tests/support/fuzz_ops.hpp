@@ -75,19 +75,19 @@ class ByteSource final : public OpSource {
 
 struct FuzzConfig {
   CrossStreamReuse policy = CrossStreamReuse::kSettled;
-  int streams = 3;                             // 2..4
-  std::size_t memory_limit = 128 * MiB;        // small, so OOM paths run
-  std::size_t largest_request = 64 * MiB;      // sizes above the device come on top of this
-  bool expandable_segments = false;            // the default pool grows expandable segments
+  int streams = 3;                         // 2..4
+  std::size_t memory_limit = 128 * MiB;    // small, so OOM paths run
+  std::size_t largest_request = 64 * MiB;  // sizes above the device come on top of this
+  bool expandable_segments = false;        // the default pool grows expandable segments
 };
 
 struct Op {
   enum class Kind {
-    kAllocate,       // size on stream
-    kFree,           // live block `pick`; size hint exact or 0; extra stream when `flag`
-    kRecordStream,   // live block `pick` used on stream
-    kAdvance,        // run up to `count` items of stream
-    kSyncStream,     // host-synchronize stream
+    kAllocate,      // size on stream
+    kFree,          // live block `pick`; size hint exact or 0; extra stream when `flag`
+    kRecordStream,  // live block `pick` used on stream
+    kAdvance,       // run up to `count` items of stream
+    kSyncStream,    // host-synchronize stream
     kProcessFences,
     kEmptyCache,
     kSetFraction,    // memory_fraction = `count` / 4
@@ -138,8 +138,8 @@ inline std::size_t decode_size(OpSource& src, const FuzzConfig& config) {
     const std::size_t low = std::size_t{1} << (bits - 1);
     return low + src.below(low + 1);
   }
-  if (kind < 93) return MiB + 1 + src.below(9 * MiB);                     // 1 .. 10 MiB
-  return 10 * MiB + src.below(config.largest_request - 10 * MiB + 1);     // 10 .. 64 MiB
+  if (kind < 93) return MiB + 1 + src.below(9 * MiB);                  // 1 .. 10 MiB
+  return 10 * MiB + src.below(config.largest_request - 10 * MiB + 1);  // 10 .. 64 MiB
 }
 
 inline Op decode_op(OpSource& src, const FuzzConfig& config) {
@@ -219,7 +219,7 @@ class OpRunner {
     options.backend = BackendKind::kSim;
     options.cross_stream_reuse = config.policy;
     options.expandable_segments = config.expandable_segments;
-    options.log_level = "error";  // OOM warnings would flood the output of a 10^6-op run
+    options.log_level = "error";    // OOM warnings would flood the output of a 10^6-op run
     options.pending_history = 256;  // a small ring that wraps, so validate() checks it against every change
     allocator_ = std::make_unique<Allocator>(options, sim_);
   }
@@ -271,9 +271,9 @@ class OpRunner {
       allocator_->empty_cache();
       allocator_->validate();
       const DeviceStats empty = allocator_->stats(0);
-      expect(empty.reserved_bytes[0].current == 0,
-             "empty_cache kept " + std::to_string(empty.reserved_bytes[0].current) +
-                 " bytes reserved with no live or pending block");
+      expect(empty.reserved_bytes[0].current == 0, "empty_cache kept " +
+                                                       std::to_string(empty.reserved_bytes[0].current) +
+                                                       " bytes reserved with no live or pending block");
       expect(device_bytes() == 0,
              "the simulated device still has " + std::to_string(device_bytes()) + " bytes reserved or mapped");
       sim_->validate();
@@ -285,8 +285,7 @@ class OpRunner {
                "GPU-side fence waits happened under a policy other than wait");
       }
       if (config_.policy == CrossStreamReuse::kNever) {
-        expect(empty.cross_stream_reuse_settled == 0,
-               "cross_stream_reuse:never served a block of another stream");
+        expect(empty.cross_stream_reuse_settled == 0, "cross_stream_reuse:never served a block of another stream");
       }
     } catch (const std::exception& e) {
       fail(std::string("unexpected exception while finishing: ") + e.what());
@@ -425,8 +424,8 @@ class OpRunner {
     const std::size_t size = block.size;
     const std::uint8_t tag = block.tag;
     std::string what = std::string(use) + " of block #" + std::to_string(block.id) + " " + hex(block.address) + "+" +
-                       std::to_string(size) + " on stream " + std::to_string(index_of(stream)) +
-                       " (enqueued at op " + std::to_string(ops_) + ")";
+                       std::to_string(size) + " on stream " + std::to_string(index_of(stream)) + " (enqueued at op " +
+                       std::to_string(ops_) + ")";
     sim_->enqueue(0, stream, [tags = tags_, bytes, size, tag, what = std::move(what)] {
       ++tags->checks;
       const std::uint8_t first = bytes[0];
@@ -463,7 +462,8 @@ class OpRunner {
     if (!in_graph) enqueue_tag_check(block, stream, "read");
     allocator_->record_stream(reinterpret_cast<void*>(block.address), stream);
     // A use recorded while its stream captures lasts until that capture ends (the capture rule).
-    if (model_.record(index, stream) && capturing_[stream_index]) model_.at_mutable(index).capture_recorded.push_back(stream);
+    if (model_.record(index, stream) && capturing_[stream_index])
+      model_.at_mutable(index).capture_recorded.push_back(stream);
   }
 
   void set_fraction(double fraction) {
@@ -531,7 +531,8 @@ class OpRunner {
     }
     for (void* ptr : restored.freed) {
       const ModelBlock* block = model_.find(reinterpret_cast<std::uintptr_t>(ptr));
-      if (!expect(block != nullptr, "restore freed " + hex(reinterpret_cast<std::uintptr_t>(ptr)) + ", not live")) return;
+      if (!expect(block != nullptr, "restore freed " + hex(reinterpret_cast<std::uintptr_t>(ptr)) + ", not live"))
+        return;
       expect(block->pool == pool, "restore freed a block of another pool");
       model_.remove(static_cast<std::size_t>(block - &model_.at(0)));
     }
@@ -612,12 +613,11 @@ class OpRunner {
     // reservation must never go past it.
     if (stats.num_device_alloc != last_device_allocs_) {
       expect(stats.reserved_bytes[0].current <= static_cast<std::int64_t>(cap()),
-             "reserved " + std::to_string(stats.reserved_bytes[0].current) + " bytes, over the memory_fraction cap of " +
-                 std::to_string(cap()));
+             "reserved " + std::to_string(stats.reserved_bytes[0].current) +
+                 " bytes, over the memory_fraction cap of " + std::to_string(cap()));
       last_device_allocs_ = stats.num_device_alloc;
     }
-    const bool full_check =
-        ops_ < schedule_.validate_every_op_until || ops_ % schedule_.validate_interval == 0;
+    const bool full_check = ops_ < schedule_.validate_every_op_until || ops_ % schedule_.validate_interval == 0;
     if (!full_check || !failure_.empty()) return;
     try {
       allocator_->validate();
@@ -643,10 +643,11 @@ class OpRunner {
         return;
       }
       const std::string name = "block #" + std::to_string(block->id) + " " + hex(block->address);
-      expect(info.requested_size == block->size, name + ": requested_size " + std::to_string(info.requested_size) +
-                                                     " != " + std::to_string(block->size));
-      expect(info.size >= block->size && info.size % 512 == 0,
-             name + ": occupies " + std::to_string(info.size) + " bytes for a request of " + std::to_string(block->size));
+      expect(info.requested_size == block->size,
+             name + ": requested_size " + std::to_string(info.requested_size) + " != " + std::to_string(block->size));
+      expect(
+          info.size >= block->size && info.size % 512 == 0,
+          name + ": occupies " + std::to_string(info.size) + " bytes for a request of " + std::to_string(block->size));
       expect(info.allocation_stream == block->stream, name + ": wrong allocation stream");
       expect(pool_of_segment[info.segment_address] == block->pool, name + ": in another memory pool than its route's");
       std::vector<Stream> recorded = info.recorded_streams;
@@ -668,9 +669,7 @@ class OpRunner {
     return 0;
   }
 
-  std::size_t cap() const {
-    return static_cast<std::size_t>(fraction_ * static_cast<double>(config_.memory_limit));
-  }
+  std::size_t cap() const { return static_cast<std::size_t>(fraction_ * static_cast<double>(config_.memory_limit)); }
 
   // Device memory behind the cache's segments: reserved memory and mapped pages.
   std::size_t device_bytes() const { return sim_->reserved_bytes(0) + sim_->mapped_bytes(0); }

@@ -20,14 +20,14 @@ namespace streamalloc::testing {
 // One live block as the caller sees it.
 struct ModelBlock {
   std::uintptr_t address = 0;
-  std::size_t size = 0;               // requested bytes
-  Stream stream = 0;                  // allocation stream
-  std::vector<Stream> recorded;       // streams passed to record_stream (other than `stream`), sorted
-  std::uint8_t tag = 0;               // written to the first and last byte on `stream` at allocation
-  bool tagged = true;                 // false: allocated inside a graph capture, where no work runs
-  PoolId pool;                        // the memory pool it must come from
+  std::size_t size = 0;                  // requested bytes
+  Stream stream = 0;                     // allocation stream
+  std::vector<Stream> recorded;          // streams passed to record_stream (other than `stream`), sorted
+  std::uint8_t tag = 0;                  // written to the first and last byte on `stream` at allocation
+  bool tagged = true;                    // false: allocated inside a graph capture, where no work runs
+  PoolId pool;                           // the memory pool it must come from
   std::vector<Stream> capture_recorded;  // streams of `recorded` recorded while that stream captured
-  std::uint64_t id = 0;               // allocation number, for messages
+  std::uint64_t id = 0;                  // allocation number, for messages
 };
 
 class ReferenceModel {

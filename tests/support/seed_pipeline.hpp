@@ -13,16 +13,16 @@
 namespace streamalloc::testing {
 
 struct PipelineOptions {
-  bool wait_event = true;       // consumer waits for the producer's event
-  bool record_stream = true;    // batch recorded on the consumer before it is freed
-  bool consumer_first = false;  // run the consumer's queued work before the producer's each step
-  int consumer_lag = 4;         // the consumer runs only every N iterations (it is slow)
-  bool double_buffered = false; // double-buffered: one event per buffer, consumer one batch behind
+  bool wait_event = true;        // consumer waits for the producer's event
+  bool record_stream = true;     // batch recorded on the consumer before it is freed
+  bool consumer_first = false;   // run the consumer's queued work before the producer's each step
+  int consumer_lag = 4;          // the consumer runs only every N iterations (it is slow)
+  bool double_buffered = false;  // double-buffered: one event per buffer, consumer one batch behind
 };
 
 struct PipelineResult {
-  int wrong = 0;         // consumer reads that saw bytes other than the batch's value
-  int poisoned = 0;      // of those, reads that saw the 0xFF poison
+  int wrong = 0;     // consumer reads that saw bytes other than the batch's value
+  int poisoned = 0;  // of those, reads that saw the 0xFF poison
   DeviceStats stats;
   PendingHistory pending_history;  // empty unless the conf sets pending_history
 };

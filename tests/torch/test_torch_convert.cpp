@@ -42,9 +42,9 @@ void expect_same(const StatArray& ours, const c10::CachingAllocator::StatArray& 
 TEST(TorchConvert, EveryDeviceStatsFieldCarriesStreamallocsNumber) {
   DeviceStats ours;
   Numbers n;
-  for (StatArray* stats : {&ours.allocation, &ours.segment, &ours.active, &ours.inactive_split,
-                           &ours.allocated_bytes, &ours.reserved_bytes, &ours.active_bytes,
-                           &ours.inactive_split_bytes, &ours.requested_bytes}) {
+  for (StatArray* stats :
+       {&ours.allocation, &ours.segment, &ours.active, &ours.inactive_split, &ours.allocated_bytes,
+        &ours.reserved_bytes, &ours.active_bytes, &ours.inactive_split_bytes, &ours.requested_bytes}) {
     n.fill(*stats);
   }
   n.fill(ours.oversize_allocations);

@@ -130,7 +130,7 @@ TEST_F(TorchHistoryTest, SnapshotTracesCarryContextsStreamsPoolsAndTheStreamFact
   // record_stream has no PyTorch action: its stream shows in the free_requested.
   // This snapshot's own entry is recorded after its traces were taken, as PyTorch's: none yet.
   ASSERT_EQ(actions, (std::vector<TraceEntry::Action>{TraceEntry::SEGMENT_ALLOC, TraceEntry::ALLOC, TraceEntry::ALLOC,
-                                                       TraceEntry::FREE_REQUESTED, TraceEntry::FREE_COMPLETED}));
+                                                      TraceEntry::FREE_REQUESTED, TraceEntry::FREE_COMPLETED}));
   const auto address = reinterpret_cast<std::size_t>(p);
   EXPECT_EQ(t[0].context_, alloc_stack);
   EXPECT_EQ(t[1].addr_, address);

@@ -85,7 +85,8 @@ TEST(PendingHistory, ABlockUsedOnTwoStreamsCountsOnEach) {
   ASSERT_EQ(h.samples.size(), 2u);
   std::map<Stream, std::int64_t> bytes;
   for (const PendingSample& sample : h.samples) bytes[sample.stream] = sample.pending_bytes;
-  EXPECT_EQ(bytes, (std::map<Stream, std::int64_t>{{a, static_cast<std::int64_t>(MiB)}, {b, static_cast<std::int64_t>(MiB)}}));
+  EXPECT_EQ(bytes,
+            (std::map<Stream, std::int64_t>{{a, static_cast<std::int64_t>(MiB)}, {b, static_cast<std::int64_t>(MiB)}}));
   s.a().validate();
 }
 

@@ -32,9 +32,9 @@ constexpr std::size_t kMaxHeld = 24;
 
 struct Held {
   std::uint8_t* ptr;
-  std::size_t size;         // requested
+  std::size_t size;  // requested
   Stream alloc_stream;
-  int allocated_by;         // the thread whose live-bytes bound counts it
+  int allocated_by;  // the thread whose live-bytes bound counts it
   std::uint8_t tag;
 };
 
@@ -57,7 +57,8 @@ class Shards : public ::testing::Test {
   // segment's worth would remain.
   std::int64_t most_bytes(std::size_t requested) const {
     const std::size_t size = rounded(requested);
-    return static_cast<std::int64_t>(size_policy::size_class_for(size) == SizeClass::kLarge ? size + size_policy::kSmallSize : size);
+    return static_cast<std::int64_t>(
+        size_policy::size_class_for(size) == SizeClass::kLarge ? size + size_policy::kSmallSize : size);
   }
 
   // The simulated device in eager mode (work runs as it is enqueued), room for every thread's blocks.
@@ -70,8 +71,8 @@ class Shards : public ::testing::Test {
 
 // What the threads hold between rounds, and what they did, to compare with the stats.
 struct World {
-  std::vector<std::vector<Held>> held;       // [thread]
-  std::vector<std::vector<Held>> mailbox;    // [thread]: blocks handed to it by another thread
+  std::vector<std::vector<Held>> held;     // [thread]
+  std::vector<std::vector<Held>> mailbox;  // [thread]: blocks handed to it by another thread
   std::vector<std::mutex> mailbox_lock;
   std::atomic<std::int64_t> allocations{0};
   std::atomic<std::int64_t> frees{0};
@@ -85,7 +86,11 @@ struct World {
   std::vector<std::int64_t> live_bytes_max;  // written by its own thread only
   std::vector<std::string> failure;
   explicit World(int threads)
-      : held(threads), mailbox(threads), mailbox_lock(threads), live_bytes(threads), live_bytes_max(threads, 0),
+      : held(threads),
+        mailbox(threads),
+        mailbox_lock(threads),
+        live_bytes(threads),
+        live_bytes_max(threads, 0),
         failure(threads) {}
 };
 

@@ -2,8 +2,8 @@
 // stats its fast path changes, and a stats read sums them; the peaks stay exact through the headroom
 // the shards hold (shard_stats.hpp).
 //
-// Totals: each shard keeps the totals its fast path adds, and a stats read sums them. Threads on two streams each churn pairs (most
-// on the fast path, some on the device-locked path, some across streams); once they have stopped, every
+// Totals: each shard keeps the totals its fast path adds, and a stats read sums them. Threads on two streams each churn
+// pairs (most on the fast path, some on the device-locked path, some across streams); once they have stopped, every
 // total is exactly what they did, per size class and in all, and a reset of the accumulated stats
 // restarts them from zero on every shard.
 #include <gtest/gtest.h>
@@ -74,7 +74,8 @@ class StatsUnderThreads : public ::testing::Test {
             }
             const std::uint64_t r = rng() % 32;
             if (r == 0) allocator_->record_stream(ptr, on == a ? b : a);
-            allocator_->deallocate(ptr, rng() % 2 == 0 ? size : 0, rng() % 4 == 0 ? -1 : 0, r == 1 ? (on == a ? b : a) : on);
+            allocator_->deallocate(ptr, rng() % 2 == 0 ? size : 0, rng() % 4 == 0 ? -1 : 0,
+                                   r == 1 ? (on == a ? b : a) : on);
           }
         } catch (const std::exception& e) {
           mine.failure = e.what();

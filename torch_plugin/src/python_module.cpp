@@ -40,8 +40,9 @@ PyObject* to_str(const std::string& text) { return PyUnicode_FromStringAndSize(t
 Allocator& running() {
   Allocator* allocator = streamalloc::torch::allocator();
   if (allocator == nullptr) {
-    throw std::runtime_error("streamalloc: the allocator does not exist yet; PyTorch creates it when it "
-                             "initialises CUDA (at the first CUDA operation)");
+    throw std::runtime_error(
+        "streamalloc: the allocator does not exist yet; PyTorch creates it when it "
+        "initialises CUDA (at the first CUDA operation)");
   }
   return *allocator;
 }
@@ -76,9 +77,7 @@ PyObject* install(PyObject*, PyObject* args) {
   });
 }
 
-PyObject* is_initialized(PyObject*, PyObject*) {
-  return PyBool_FromLong(streamalloc::torch::allocator() != nullptr);
-}
+PyObject* is_initialized(PyObject*, PyObject*) { return PyBool_FromLong(streamalloc::torch::allocator() != nullptr); }
 
 PyObject* stats_json(PyObject*, PyObject* args) {
   int device = 0;
@@ -167,8 +166,15 @@ PyMethodDef kMethods[] = {
 };
 
 PyModuleDef kModule = {
-    PyModuleDef_HEAD_INIT, "_torch_ext", "streamalloc's LibTorch allocator (see streamalloc/_enable.py)", -1,
-    kMethods, nullptr, nullptr, nullptr, nullptr,
+    PyModuleDef_HEAD_INIT,
+    "_torch_ext",
+    "streamalloc's LibTorch allocator (see streamalloc/_enable.py)",
+    -1,
+    kMethods,
+    nullptr,
+    nullptr,
+    nullptr,
+    nullptr,
 };
 
 }  // namespace

@@ -65,9 +65,8 @@ c10::DeviceIndex current_device() {
 // PyTorch still allocates from the same place. The base class's free names the block's size, device
 // and allocation stream (kept in its own table), which take the free straight to its shard.
 TorchAllocator::TorchAllocator(Options options)
-    : Base([this](size_t size, int device, cudaStream_t stream) {
-             return allocate_on(size, static_cast<c10::DeviceIndex>(device), stream);
-           },
+    : Base([this](size_t size, int device,
+                  cudaStream_t stream) { return allocate_on(size, static_cast<c10::DeviceIndex>(device), stream); },
            [this](void* ptr, size_t size, int device, cudaStream_t stream) {
              if (ptr == nullptr) return;
              streamalloc::Allocator* core = this->core();
@@ -76,9 +75,7 @@ TorchAllocator::TorchAllocator(Options options)
            }),
       options_(std::move(options)) {}
 
-void TorchAllocator::set_current(TorchAllocator* allocator) {
-  g_current.store(allocator, std::memory_order_release);
-}
+void TorchAllocator::set_current(TorchAllocator* allocator) { g_current.store(allocator, std::memory_order_release); }
 
 streamalloc::Allocator& TorchAllocator::core_or_create() {
   if (streamalloc::Allocator* core = core_.load(std::memory_order_acquire)) return *core;
@@ -315,11 +312,13 @@ void* TorchAllocator::getBaseAllocation(void* ptr, size_t* size) {
 
 c10::cuda::CUDACachingAllocator::ShareableHandle TorchAllocator::shareIpcHandle(void* ptr) {
   streamalloc::Allocator* core = this->core();
-  TORCH_CHECK(core != nullptr, "streamalloc: cannot share ", ptr, " with another process: streamalloc has not "
+  TORCH_CHECK(core != nullptr, "streamalloc: cannot share ", ptr,
+              " with another process: streamalloc has not "
               "allocated anything yet");
   std::size_t size = 0;
   void* base = core->segment_base(ptr, &size);
-  TORCH_CHECK(base != nullptr, "streamalloc: cannot share ", ptr, " with another process: it is not inside memory "
+  TORCH_CHECK(base != nullptr, "streamalloc: cannot share ", ptr,
+              " with another process: it is not inside memory "
               "streamalloc reserved");
   const int device = core->device_of(ptr);
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
@@ -389,9 +388,8 @@ c10::cuda::CUDACachingAllocator::SnapshotInfo TorchAllocator::snapshot(MempoolId
 // (STATE and up at allocation, ALL at a free too), `alloc_trace_max_entries` bounds the ring, turning
 // the history off or `clear_history` drops it, and `skip_actions` leaves actions out of the trace.
 void TorchAllocator::recordHistory(bool enabled, c10::cuda::CUDACachingAllocator::CreateContextFn context_recorder,
-                                   size_t alloc_trace_max_entries,
-                                   c10::cuda::CUDACachingAllocator::RecordContext when, bool clear_history,
-                                   const std::vector<std::string>& skip_actions) {
+                                   size_t alloc_trace_max_entries, c10::cuda::CUDACachingAllocator::RecordContext when,
+                                   bool clear_history, const std::vector<std::string>& skip_actions) {
   streamalloc::Allocator& core = core_or_create();
   torch_errors([&] {
     history_.configure(core, enabled, std::move(context_recorder), alloc_trace_max_entries, when, clear_history,
@@ -405,8 +403,9 @@ void TorchAllocator::attachOutOfMemoryObserver(c10::cuda::CUDACachingAllocator::
 }
 
 void TorchAllocator::attachAllocatorTraceTracker(c10::cuda::CUDACachingAllocator::AllocatorTraceTracker) {
-  TORCH_WARN_ONCE("streamalloc does not emit allocator trace events; an attached tracker (for example "
-                  "ProcessGroupNCCL's buffer-registration hook) will not be called");
+  TORCH_WARN_ONCE(
+      "streamalloc does not emit allocator trace events; an attached tracker (for example "
+      "ProcessGroupNCCL's buffer-registration hook) will not be called");
 }
 
 // ---- memory pools ----

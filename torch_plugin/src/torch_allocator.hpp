@@ -107,7 +107,7 @@ class TorchAllocator final : public ::torch::cuda::CUDAPluggableAllocator::CUDAP
   // A private pool's block layout (a streamalloc::PoolCheckpoint inside PyTorch's opaque state), and
   // its restore: the delta's DataPtrs carry raw_deleter(), as PyTorch's storages expect.
   std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> getCheckpointState(c10::DeviceIndex device,
-                                                                                       MempoolId id) override;
+                                                                                      MempoolId id) override;
   c10::cuda::CUDACachingAllocator::CheckpointDelta setCheckpointPoolState(
       c10::DeviceIndex device, std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> state) override;
 

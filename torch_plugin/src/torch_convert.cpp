@@ -29,9 +29,9 @@ void copy_stats(const StatArray& from, c10::CachingAllocator::StatArray& to) {
 // from streamalloc's numbers. The fields counted here are the ones filled below: nine pool stat arrays,
 // two single stats and six integers (five event counts and max_split_size). A PyTorch that adds a field
 // fails this assertion instead of serving a zero under a new key.
-static_assert(sizeof(c10::CachingDeviceAllocator::DeviceStats) ==
-                  9 * sizeof(c10::CachingAllocator::StatArray) + 2 * sizeof(c10::CachingAllocator::Stat) +
-                      6 * sizeof(std::int64_t),
+static_assert(sizeof(c10::CachingDeviceAllocator::DeviceStats) == 9 * sizeof(c10::CachingAllocator::StatArray) +
+                                                                      2 * sizeof(c10::CachingAllocator::Stat) +
+                                                                      6 * sizeof(std::int64_t),
               "c10's DeviceStats changed: fill its new fields in to_torch_stats");
 
 c10::CachingDeviceAllocator::DeviceStats to_torch_stats(const DeviceStats& stats) {
@@ -51,15 +51,15 @@ c10::CachingDeviceAllocator::DeviceStats to_torch_stats(const DeviceStats& stats
 }
 
 c10::cuda::CUDACachingAllocator::SnapshotInfo to_torch_snapshot(const std::vector<SegmentInfo>& segments,
-                                                               int device_count, const Options& options,
-                                                               const std::vector<LiveContexts>* contexts) {
+                                                                int device_count, const Options& options,
+                                                                const std::vector<LiveContexts>* contexts) {
   c10::cuda::CUDACachingAllocator::SnapshotInfo out{};
   out.segments.reserve(segments.size());
   for (const SegmentInfo& segment : segments) {
-    const LiveContexts* live = contexts != nullptr && segment.device >= 0 &&
-                                       static_cast<std::size_t>(segment.device) < contexts->size()
-                                   ? &(*contexts)[static_cast<std::size_t>(segment.device)]
-                                   : nullptr;
+    const LiveContexts* live =
+        contexts != nullptr && segment.device >= 0 && static_cast<std::size_t>(segment.device) < contexts->size()
+            ? &(*contexts)[static_cast<std::size_t>(segment.device)]
+            : nullptr;
     c10::CachingDeviceAllocator::SegmentInfo s;
     s.device = static_cast<c10::DeviceIndex>(segment.device);
     s.address = segment.address;

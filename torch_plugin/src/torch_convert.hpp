@@ -20,7 +20,7 @@ c10::CachingDeviceAllocator::DeviceStats to_torch_stats(const DeviceStats& stats
 // own context_when_allocated from `contexts` (one per device; none when null); one empty trace list per
 // device, which the history fills (torch_history.hpp).
 c10::cuda::CUDACachingAllocator::SnapshotInfo to_torch_snapshot(const std::vector<SegmentInfo>& segments,
-                                                               int device_count, const Options& options,
-                                                               const std::vector<LiveContexts>* contexts = nullptr);
+                                                                int device_count, const Options& options,
+                                                                const std::vector<LiveContexts>* contexts = nullptr);
 
 }  // namespace streamalloc::torch

@@ -9,9 +9,8 @@
 namespace streamalloc::torch {
 
 void TorchHistory::configure(streamalloc::Allocator& core, bool enabled,
-                             c10::cuda::CUDACachingAllocator::CreateContextFn context_recorder,
-                             std::size_t max_entries, RecordContext when, bool clear,
-                             const std::vector<std::string>& skip_actions) {
+                             c10::cuda::CUDACachingAllocator::CreateContextFn context_recorder, std::size_t max_entries,
+                             RecordContext when, bool clear, const std::vector<std::string>& skip_actions) {
   TORCH_CHECK(when == RecordContext::NEVER || context_recorder != nullptr,
               "streamalloc: recordHistory needs a context recorder to record contexts");
   HistorySettings settings;

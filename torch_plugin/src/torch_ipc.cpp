@@ -79,8 +79,8 @@ const DriverCalls& driver() {
     find("cuMemSetAccess", d.set_access);
     find("cuMemRelease", d.release);
     find("cuMemGetAddressRange", d.address_range);
-    d.complete = d.import_handle && d.address_reserve && d.address_free && d.map && d.unmap && d.set_access &&
-                 d.release;
+    d.complete =
+        d.import_handle && d.address_reserve && d.address_free && d.map && d.unmap && d.set_access && d.release;
     return d;
   }();
   return calls;
@@ -122,10 +122,9 @@ std::shared_ptr<ImportedPieces> import_expandable(const std::string& handle, int
   TORCH_CHECK(handle.size() >= 2 + sizeof(header), "streamalloc: an expandable-segment IPC handle of ", handle.size(),
               " bytes is too short");
   std::memcpy(&header, handle.data() + 2, sizeof(header));
-  TORCH_CHECK(header.pieces > 0 && header.piece_bytes > 0 &&
-                  handle.size() == 2 + sizeof(header) + header.pieces * sizeof(int),
-              "streamalloc: malformed expandable-segment IPC handle (", header.pieces, " pieces in ", handle.size(),
-              " bytes)");
+  TORCH_CHECK(
+      header.pieces > 0 && header.piece_bytes > 0 && handle.size() == 2 + sizeof(header) + header.pieces * sizeof(int),
+      "streamalloc: malformed expandable-segment IPC handle (", header.pieces, " pieces in ", handle.size(), " bytes)");
   const long pidfd = syscall(SYS_pidfd_open, header.pid, 0);
   TORCH_CHECK(pidfd != -1, "streamalloc: opening a CUDA tensor shared from an expandable segment: pidfd_open(",
               header.pid, ") failed: ", std::strerror(errno),
@@ -139,8 +138,10 @@ std::shared_ptr<ImportedPieces> import_expandable(const std::string& handle, int
       int remote_fd = 0;
       std::memcpy(&remote_fd, handle.data() + 2 + sizeof(header) + i * sizeof(int), sizeof(int));
       const long fd = syscall(SYS_pidfd_getfd, pidfd, remote_fd, 0);
-      TORCH_CHECK(fd != -1, "streamalloc: opening a CUDA tensor shared from an expandable segment: pidfd_getfd "
-                  "failed: ", std::strerror(errno));
+      TORCH_CHECK(fd != -1,
+                  "streamalloc: opening a CUDA tensor shared from an expandable segment: pidfd_getfd "
+                  "failed: ",
+                  std::strerror(errno));
       CUmemGenericAllocationHandle imported = 0;
       const CUresult result = d.import_handle(&imported, reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd)),
                                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);

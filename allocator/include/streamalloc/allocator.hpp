@@ -171,7 +171,7 @@ class Allocator {
 
  private:
   DeviceCache& cache(int device) const;
-  bool serves(int device) const;  // not shut down, and `device` exists
+  bool serves(int device) const;                                                // not shut down, and `device` exists
   [[noreturn, gnu::noinline, gnu::cold]] void refuse_device(int device) const;  // shut down, or no such device
   int find_device(const void* ptr, int hint) const;
   // A free on the device the caller named; `tried_cached`: deallocate_cached was tried already.

@@ -19,13 +19,13 @@ struct BlockInfo {
   std::size_t size = 0;            // bytes the block occupies
   std::size_t requested_size = 0;  // bytes the caller asked for (0 when free)
   State state = State::kFree;
-  bool settled = false;            // free and safe for any stream
-  Stream allocation_stream = 0;    // stream of the last allocation (owner stream when free)
+  bool settled = false;                  // free and safe for any stream
+  Stream allocation_stream = 0;          // stream of the last allocation (owner stream when free)
   std::vector<Stream> recorded_streams;  // other streams recorded on it
   std::uint32_t record_stream_calls = 0;
-  std::uint32_t pending_fences = 0;      // fences still to complete before reuse
-  double age_ms = 0;                     // since allocated (live) or freed (pending/free); a free block
-                                         // whose free took the fast path: since it was allocated
+  std::uint32_t pending_fences = 0;  // fences still to complete before reuse
+  double age_ms = 0;                 // since allocated (live) or freed (pending/free); a free block
+                                     // whose free took the fast path: since it was allocated
 };
 
 struct SegmentInfo {

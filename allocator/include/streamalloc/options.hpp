@@ -45,12 +45,12 @@ struct Options {
   std::string log_level = "warn";
   // Audit of stream usage (record_stream misuse, long-pending blocks, OOM holders).
   AuditMode audit = AuditMode::kOff;
-  std::string audit_file;                   // empty = stderr
-  std::size_t pending_warn_ms = 1000;       // audit: warn about blocks pending longer than this
-  PoisonMode poison = PoisonMode::kOff;     // fill with 0xFF once truly free / when handed out
-  std::size_t quarantine_bytes = 0;         // delay reuse of this many freed bytes (FIFO)
-  bool check_sync = false;                  // happens-before check of record_stream vs waits
-  std::size_t pending_history = 0;          // keep the last N changes of pending bytes per stream
+  std::string audit_file;                // empty = stderr
+  std::size_t pending_warn_ms = 1000;    // audit: warn about blocks pending longer than this
+  PoisonMode poison = PoisonMode::kOff;  // fill with 0xFF once truly free / when handed out
+  std::size_t quarantine_bytes = 0;      // delay reuse of this many freed bytes (FIFO)
+  bool check_sync = false;               // happens-before check of record_stream vs waits
+  std::size_t pending_history = 0;       // keep the last N changes of pending bytes per stream
   // The default pool grows one segment per (stream, size class) in place by mapping pages, as PyTorch's
   // expandable_segments:True (docs/design.md, "Expandable segments"); fixed segments where the backend
   // has no virtual memory.

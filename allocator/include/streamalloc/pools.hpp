@@ -23,9 +23,7 @@ struct PoolId {
   bool is_default() const { return first == 0 && second == 0; }
   friend bool operator==(PoolId a, PoolId b) { return a.first == b.first && a.second == b.second; }
   friend bool operator!=(PoolId a, PoolId b) { return !(a == b); }
-  friend bool operator<(PoolId a, PoolId b) {
-    return a.first != b.first ? a.first < b.first : a.second < b.second;
-  }
+  friend bool operator<(PoolId a, PoolId b) { return a.first != b.first ? a.first < b.first : a.second < b.second; }
 };
 
 // Decides, on the allocating thread, whether an allocation on `stream` goes to the route's pool.
@@ -43,8 +41,8 @@ struct SegmentAllocator {
 // One pool of one device, as stats and reports show it.
 struct PoolInfo {
   PoolId id;
-  int use_count = 0;      // owners (graphs, MemPools, open routes); 0: freeable (private pools)
-  bool routed = false;    // a route to the pool is open
+  int use_count = 0;    // owners (graphs, MemPools, open routes); 0: freeable (private pools)
+  bool routed = false;  // a route to the pool is open
   bool use_on_oom = false;
   bool no_split = false;
   std::size_t segments = 0;

@@ -58,8 +58,8 @@ class SimBackend final : public Backend {
     int device_count = 1;
     std::size_t memory_per_device = 1 * GiB;  // the device "total"; reserve fails beyond it
     Mode mode = Mode::kEager;
-    bool virtual_memory = true;                        // supports_virtual_memory(); false models a device without
-    std::size_t vm_granularity = 2 * MiB;              // a power of two, a multiple of the host page size
+    bool virtual_memory = true;                         // supports_virtual_memory(); false models a device without
+    std::size_t vm_granularity = 2 * MiB;               // a power of two, a multiple of the host page size
     std::size_t address_space_per_device = 1024 * GiB;  // reserve_address_range fails beyond it
   };
 
@@ -75,15 +75,15 @@ class SimBackend final : public Backend {
     std::uint64_t event_synchronizes = 0;
     std::uint64_t stream_waits = 0;
     std::uint64_t memsets = 0;
-    std::uint64_t capture_violations = 0;  // a query or event sync while a stream of the device captures
+    std::uint64_t capture_violations = 0;      // a query or event sync while a stream of the device captures
     std::uint64_t address_range_reserves = 0;  // reserve_address_range calls that returned a range
     std::uint64_t address_range_releases = 0;
     // map_pages calls that mapped: each created one physical allocation (what a growth costs on a device)
     std::uint64_t physical_allocations_created = 0;
     std::uint64_t physical_allocations_released = 0;  // mappings unmapped, by either unmap call
-    std::uint64_t map_refusals = 0;        // map_pages calls that returned false (device full, or injected)
-    std::uint64_t page_unmaps = 0;         // unmap_pages calls
-    std::uint64_t unused_page_unmaps = 0;  // unmap_unused_pages calls
+    std::uint64_t map_refusals = 0;                   // map_pages calls that returned false (device full, or injected)
+    std::uint64_t page_unmaps = 0;                    // unmap_pages calls
+    std::uint64_t unused_page_unmaps = 0;             // unmap_unused_pages calls
   };
 
   SimBackend();

@@ -67,7 +67,7 @@ struct TraceEntry {
   std::size_t requested = 0;   // block entries: the size the caller asked for (PyTorch's trace shows it)
   Stream stream = 0;           // allocation stream (segments: the stream they were reserved for)
   PoolId pool;
-  std::int64_t time_us = 0;    // microseconds since the Unix epoch
+  std::int64_t time_us = 0;  // microseconds since the Unix epoch
   // The calling thread's context, when the settings keep contexts in the trace. Events that a fence
   // completes carry none: they happen on behalf of another call.
   TraceContextPtr context;

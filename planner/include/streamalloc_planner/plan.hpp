@@ -26,10 +26,10 @@ struct Setting {
 enum class Completion { kNextMalloc, kOutOfMemory };
 
 struct PlanRequest {
-  std::vector<Setting> settings;  // empty: default_settings()
-  std::size_t cap_bytes = 0;      // 0: no cap
-  std::size_t series_points = 400;  // reserved bytes over the trace, at most this many points
-  bool segment_events = false;    // include the PyTorch model's segment events (validation)
+  std::vector<Setting> settings;                    // empty: default_settings()
+  std::size_t cap_bytes = 0;                        // 0: no cap
+  std::size_t series_points = 400;                  // reserved bytes over the trace, at most this many points
+  bool segment_events = false;                      // include the PyTorch model's segment events (validation)
   Completion completion = Completion::kNextMalloc;  // "completion": "next_malloc" | "out_of_memory"
 };
 

@@ -19,9 +19,8 @@ import traceback
 from pathlib import Path
 
 import torch
-from torch import nn
-
 from _common import emit
+from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench" / "studies"))
 from transformer_block import Block  # noqa: E402  (the benchmark's block)

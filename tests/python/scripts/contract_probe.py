@@ -17,11 +17,11 @@ each upstream test observes; test_gpu_contract.py and test_gpu_history.py hold t
 import gc
 import statistics
 
-import torch
-from torch import nn
-
 import history_probe
-from _common import behaviour as run_behaviour, emit
+import torch
+from _common import behaviour as run_behaviour
+from _common import emit
+from torch import nn
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -117,7 +117,7 @@ def graphed_mlp() -> dict:
     sample = torch.randn(16, 32, device="cuda", requires_grad=True)
     graphed = torch.cuda.make_graphed_callables(model, (sample,))
     matches = []
-    for step in range(3):
+    for _step in range(3):
         # Each step's gradients alone: a graphed backward writes its parameter gradients into the graph's
         # static buffers, which .grad then aliases, so accumulating across replays is not eager's sum.
         for p in (*model.parameters(), *eager.parameters()):

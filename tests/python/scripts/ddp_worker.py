@@ -11,10 +11,9 @@ import os
 
 import torch
 import torch.distributed as dist
+from _common import emit, streamalloc_enabled
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-
-from _common import emit, streamalloc_enabled
 
 STEPS = 30
 

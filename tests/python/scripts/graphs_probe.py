@@ -23,9 +23,8 @@ import tempfile
 import threading
 
 import torch
-from torch import nn
-
 from _common import behaviour, emit
+from torch import nn
 
 MiB = 1 << 20
 
@@ -741,7 +740,8 @@ def rng_cudnn_dropout():
     g.replay()
     after = model(x)[0]
     torch.cuda.synchronize()
-    return {"finite": bool(torch.isfinite(graphed).all() and torch.isfinite(after).all() and torch.isfinite(first).all()),
+    return {"finite": bool(torch.isfinite(graphed).all() and torch.isfinite(after).all()
+                           and torch.isfinite(first).all()),
             "shape": list(graphed.shape)}
 
 

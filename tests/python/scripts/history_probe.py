@@ -16,9 +16,9 @@ import sys
 import tempfile
 
 import torch
+from _common import behaviour as run_behaviour
+from _common import emit
 from torch.cuda import _memory_viz
-
-from _common import behaviour as run_behaviour, emit
 
 MiB = 1 << 20
 THIS_FILE = os.path.basename(__file__)
@@ -141,7 +141,8 @@ def plots():
                              capture_output=True, text=True)
         cli_bytes = os.path.getsize(out) if os.path.exists(out) else 0
     return {"trace_html": len(trace_html) > 1000, "segment_html": len(segment_html) > 1000,
-            "segsum": len(summary) > 0, "trace_text": len(trace_text) > 0, "cli_rc": cli.returncode, "cli_html": cli_bytes > 1000,
+            "segsum": len(summary) > 0, "trace_text": len(trace_text) > 0, "cli_rc": cli.returncode,
+            "cli_html": cli_bytes > 1000,
             "cli_stderr": cli.stderr[-2000:]}
 
 

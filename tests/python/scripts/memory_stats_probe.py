@@ -1,7 +1,6 @@
 """torch.cuda.memory_stats() and friends after a known set of allocations, under any allocator."""
 
 import torch
-
 from _common import emit, streamalloc_enabled
 
 MiB = 1 << 20

@@ -4,9 +4,8 @@ called, and training goes on once memory is freed. A memory fraction of 0.05 mak
 whole GPU, what runs out; a fraction of 0 refuses every new segment."""
 
 import torch
-from torch import nn
-
 from _common import emit
+from torch import nn
 
 GiB = 1 << 30
 

@@ -19,7 +19,6 @@ import re
 import traceback
 
 import torch
-
 from _common import emit
 
 MiB = 1 << 20
@@ -225,7 +224,8 @@ def memory_fraction() -> dict:
         facts["valid"][repr(value)] = [raised(lambda: set_(value)), torch.cuda.get_per_process_memory_fraction()]
     cases = {"int_1": lambda: set_(1), "str": lambda: set_("0.5"), "negative": lambda: set_(-0.1),
              "above_one": lambda: set_(1.5), "nan": lambda: set_(float("nan")), "inf": lambda: set_(float("inf")),
-             "bad_device_set": lambda: set_(0.5, 99), "bad_device_get": lambda: torch.cuda.get_per_process_memory_fraction(99)}
+             "bad_device_set": lambda: set_(0.5, 99),
+             "bad_device_get": lambda: torch.cuda.get_per_process_memory_fraction(99)}
     for name, fn in cases.items():
         facts["invalid"][name] = raised(fn)
         set_(1.0)  # whatever a bad value did, the next case starts from no cap

@@ -9,7 +9,6 @@ same size on the block's stream gets it back. Each scenario uses its own size (w
 reused"."""
 
 import torch
-
 from _common import emit, streamalloc_enabled
 
 MiB = 1 << 20

@@ -5,11 +5,10 @@ import os
 import pickle
 import tempfile
 
-import torch
-from torch.cuda import _memory_viz
-
 import streamalloc
+import torch
 from _common import emit
+from torch.cuda import _memory_viz
 
 MiB = 1 << 20
 

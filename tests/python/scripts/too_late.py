@@ -1,8 +1,7 @@
 """enable() after CUDA is initialised: a clear error from the package, and from the extension itself."""
 
-import torch
-
 import streamalloc
+import torch
 from _common import emit
 
 
