@@ -72,7 +72,7 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
   // fit too, at most once per tick of the coarse clock (a few ms), and records no fence there, so that
   // a cross-stream loop keeps its batched fences.
   if (ledger_.stats().pending_blocks.current > 0) {
-    const Clock::time_point now = coarse_now();
+    const Clock::time_point now = fences_.coarse_now();
     if (fences_.start_pending_poll(now)) {
       const FenceEngine::Parking parking(fences_);
       poll_fences(/*close_batches=*/false);

@@ -86,7 +86,7 @@ void DeviceCache::release_pending(Block* block, Clock::time_point now) {
 // The blocks a fence releases were all released when it was seen complete: one clock read for all of
 // them, whatever their number.
 void DeviceCache::finish_fence(Shard& state, Fence& fence) {
-  const Clock::time_point now = fence.pending.empty() ? Clock::time_point{} : Clock::now();
+  const Clock::time_point now = fence.pending.empty() ? Clock::time_point{} : fences_.now();
   for (Block* block : fence.pending) {
     state.fences.note_pending_released(block);
     if (aids_ != nullptr && block->fences_left == 1) aids_->on_fenced_free_completed(*block, state.stream(), &fence);
@@ -155,7 +155,7 @@ void DeviceCache::poll_fences(bool close_batches, const Shard* missed) {
   // Uses from a capture that has ended leave their batches first (an idle batch completes without
   // close_batch, which would drop them otherwise).
   if (fences_.has_capture_uses()) drop_ended_capture_uses();
-  const auto now = Clock::now();
+  const auto now = fences_.now();
   for (auto& [stream, state] : shards_) {
     // A stream with nothing in flight, pending or in its open batch is passed over without its lock: a
     // long-running process knows many streams, most of them idle.
@@ -187,7 +187,7 @@ void DeviceCache::poll_fences(bool close_batches, const Shard* missed) {
         log().warn("device {}: asking whether stream {:#x} is idle failed: {}", device_, stream, e.what());
       }
     }
-    if (idle && state->fences.complete_open_batch(&fence)) {
+    if (idle && state->fences.complete_open_batch(&fence, now)) {
       ledger_.count(&DeviceStats::fences_skipped_idle);
       finish_fence(*state, fence);
     } else if (close_batches && state->fences.has_open_batch() && !defers_own_batch(*state, missed, now) &&

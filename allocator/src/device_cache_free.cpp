@@ -55,7 +55,7 @@ void DeviceCache::free_live(Block* block) {
     ledger_.account_inactive(block, nullptr);
     free_to_owner(block);
   } else {
-    block->since = Clock::now();  // precise: the free-to-reusable latency is measured from here
+    block->since = fences_.now();  // precise: the free-to-reusable latency is measured from here
     make_pending(block);
   }
 }
@@ -114,12 +114,12 @@ void DeviceCache::drop_ended_capture_uses() {
     if (block->state == BlockState::kPending) {
       // No fence was recorded while the stream captured, so the block still waits in its open batch.
       shards_.get(used).fences.leave_as_user(block);
-      if (aids_ != nullptr) note_pending_changed(Clock::now(), &used, 1);
+      if (aids_ != nullptr) note_pending_changed(fences_.now(), &used, 1);
       if (--block->fences_left == 0) released.push_back(block);
     }
   });
   update_fast_path();
-  const Clock::time_point now = released.empty() ? Clock::time_point{} : Clock::now();
+  const Clock::time_point now = released.empty() ? Clock::time_point{} : fences_.now();
   for (Block* block : released) {
     if (aids_ != nullptr) aids_->on_fenced_free_completed(*block, 0, nullptr);
     release_pending(block, now);

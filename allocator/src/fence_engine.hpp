@@ -3,7 +3,10 @@
 // with, the uses recorded on streams while they captured a graph (the capture rule), and the pacing of
 // fence passes: frees with uses pass over their streams' fences at most once per kFenceBatchWindow, the
 // allocation path polls pending blocks at most once per tick of the coarse clock, and while a pass or
-// a poll runs the blocks it releases are parked in their owners' hot lists (parks_released).
+// a poll runs the blocks it releases are parked in their owners' hot lists (parks_released). The
+// pacing, the fences' times and the free times of pending blocks read the engine's clock (now(),
+// coarse_now()): the host's, or the backend's replay clock (Backend::replay_clock), which a replay of a
+// recorded job sets to the job's time so that passes and polls fall where the job's did.
 //
 // The passes themselves walk the shards, count stats and tell the aids, so they are the cache's
 // (device_cache_fences.cpp); they ask this engine when to run and record with its events. Every method
@@ -29,13 +32,23 @@ class FenceEngine {
   // Live or pending blocks, each with the streams that used it while they captured.
   using CaptureUses = std::map<Block*, std::vector<Stream>>;
 
-  FenceEngine(Backend& backend, int device) : backend_(backend), device_(device), events_(backend, device) {}
+  FenceEngine(Backend& backend, int device)
+      : backend_(backend), device_(device), events_(backend, device), replay_clock_(backend.replay_clock()) {}
   FenceEngine(const FenceEngine&) = delete;
   FenceEngine& operator=(const FenceEngine&) = delete;
 
+  // ---- the clock (device-locked paths only: the fast path reads the host's coarse clock)
+  Clock::time_point now() const { return replay_clock_ == nullptr ? Clock::now() : replay_now(); }
+  // Ticks as the host's coarse clock does (streamalloc::coarse_now).
+  Clock::time_point coarse_now() const {
+    if (replay_clock_ == nullptr) return streamalloc::coarse_now();
+    const Clock::duration t = replay_now().time_since_epoch();
+    return Clock::time_point(t - t % coarse_tick());
+  }
+
   // ---- events
   // Records a fence for `fences`' open batch with an event of the pool; false if the batch was empty.
-  bool close_batch(FenceQueue& fences) { return fences.close_batch(backend_, events_, device_); }
+  bool close_batch(FenceQueue& fences) { return fences.close_batch(backend_, events_, device_, now()); }
   void release_event(Event event) { events_.release(event); }
 
   // ---- the capture rule: uses recorded on a stream while it captured a graph are dropped once that
@@ -91,9 +104,24 @@ class FenceEngine {
   // Frees with uses poll and record fences at most once per window.
   static constexpr std::chrono::microseconds kFenceBatchWindow{20};
 
+  Clock::time_point replay_now() const {
+    return Clock::time_point(std::chrono::nanoseconds(replay_clock_->load(std::memory_order_relaxed)));
+  }
+  // The host coarse clock's resolution (a jiffy).
+  static Clock::duration coarse_tick() {
+    static const Clock::duration tick = [] {
+      timespec res{};
+      clock_getres(CLOCK_MONOTONIC_COARSE, &res);
+      const Clock::duration d = std::chrono::seconds(res.tv_sec) + std::chrono::nanoseconds(res.tv_nsec);
+      return d > Clock::duration::zero() ? d : Clock::duration(std::chrono::milliseconds(1));
+    }();
+    return tick;
+  }
+
   Backend& backend_;
   const int device_;
   EventPool events_;
+  const std::atomic<std::int64_t>* const replay_clock_;  // nullptr: the host's clock
   CaptureUses capture_uses_;
   Clock::time_point last_fence_pass_{};
   Clock::time_point last_pending_poll_{};  // coarse clock

@@ -37,7 +37,7 @@ void FenceQueue::leave_as_user(const Block* block) {
   }
 }
 
-bool FenceQueue::close_batch(Backend& backend, EventPool& pool, int device) {
+bool FenceQueue::close_batch(Backend& backend, EventPool& pool, int device, Clock::time_point now) {
   if (!has_open_batch()) return false;
   Fence fence;
   fence.seq = open_seq_;
@@ -49,7 +49,7 @@ bool FenceQueue::close_batch(Backend& backend, EventPool& pool, int device) {
     throw;
   }
   fence.pending.swap(open_pending_);
-  fence.recorded_at = Clock::now();
+  fence.recorded_at = now;
   last_recorded_at_ = fence.recorded_at;
   in_flight_.push_back(std::move(fence));
   ++open_seq_;
@@ -57,12 +57,12 @@ bool FenceQueue::close_batch(Backend& backend, EventPool& pool, int device) {
   return true;
 }
 
-bool FenceQueue::complete_open_batch(Fence* out) {
+bool FenceQueue::complete_open_batch(Fence* out, Clock::time_point now) {
   if (!has_open_batch() || !in_flight_.empty()) return false;
   Fence fence;
   fence.seq = open_seq_;
   fence.pending.swap(open_pending_);
-  fence.recorded_at = Clock::now();
+  fence.recorded_at = now;
   *out = std::move(fence);
   ++open_seq_;
   open_has_members_.store(false, std::memory_order_relaxed);

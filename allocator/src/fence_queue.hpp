@@ -76,13 +76,14 @@ class FenceQueue {
   // A pending block no longer waits for this stream (a use dropped by the capture rule): it leaves the
   // batch or fence that lists it.
   void leave_as_user(const Block* block);
-  // Record one event covering the open batch. No-op when the batch is empty.
-  bool close_batch(Backend& backend, EventPool& pool, int device);
+  // Record one event covering the open batch, at `now` (FenceEngine's clock). No-op when the batch is
+  // empty.
+  bool close_batch(Backend& backend, EventPool& pool, int device, Clock::time_point now);
   // The open batch as a completed fence with no event, for a stream the caller found idle (all work
   // enqueued on it has completed, so nothing can still touch a block of the batch): `out` gets its
   // pending blocks, and the owner blocks of the batch settle. Only with no fence in flight, so
   // fences still complete in sequence order; false when that does not hold or the batch is empty.
-  bool complete_open_batch(Fence* out);
+  bool complete_open_batch(Fence* out, Clock::time_point now);
   // Pop the oldest in-flight fence if it has completed; returns false when none has.
   bool pop_completed(Backend& backend, int device, Fence* out, std::uint64_t* queries);
   // Host-wait for the oldest in-flight fence and pop it into `out`; false when none is in flight. One at

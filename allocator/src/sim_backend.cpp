@@ -173,6 +173,7 @@ struct SimBackend::State {
   std::unordered_map<Event, std::shared_ptr<SimEvent>> events;
   Stream next_stream = 1;
   Counters counters;
+  std::atomic<std::int64_t> time_ns{0};  // Config::replay_clock
 
   bool eager() const { return config.mode == Mode::kEager; }
 
@@ -776,5 +777,23 @@ SimBackend::Counters SimBackend::counters() const {
 }
 
 SimBackend::Mode SimBackend::mode() const { return state_->config.mode; }
+
+const std::atomic<std::int64_t>* SimBackend::replay_clock() const {
+  return state_->config.replay_clock ? &state_->time_ns : nullptr;
+}
+
+void SimBackend::set_time(std::int64_t ns) {
+  if (!state_->config.replay_clock) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "SimBackend::set_time: the backend has no replay clock (Config::replay_clock)");
+  }
+  const std::int64_t now = state_->time_ns.load(std::memory_order_relaxed);
+  if (ns < now) {
+    throw Error(ErrorCode::kInvalidArgument, "SimBackend::set_time(" + std::to_string(ns) +
+                                                 "): the replay clock is at " + std::to_string(now) +
+                                                 " ns and never runs back");
+  }
+  state_->time_ns.store(ns, std::memory_order_relaxed);
+}
 
 }  // namespace streamalloc

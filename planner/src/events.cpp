@@ -59,6 +59,7 @@ EventList parse_events(std::string_view text) {
 
   std::size_t line_no = 0;
   bool have_header = false;
+  std::uint64_t now_us = 0;
   while (!text.empty()) {
     std::size_t eol = text.find('\n');
     std::string_view line = text.substr(0, eol);
@@ -84,7 +85,17 @@ EventList parse_events(std::string_view text) {
     std::string_view rest = line;
     std::string_view op = next_token(rest);
     if (op.empty() || op[0] == '#') continue;
+    if (op == "t") {
+      const std::uint64_t t = number(rest, line_no, "time in microseconds");
+      if (out.timed && t < now_us) {
+        fail(line_no, "time " + std::to_string(t) + " runs back (the last was " + std::to_string(now_us) + ")");
+      }
+      now_us = t;
+      out.timed = true;
+      continue;
+    }
     Event event;
+    event.time_us = now_us;
     if (op == "a") {
       std::uint64_t id = number(rest, line_no, "id");
       event.kind = Event::Kind::kAlloc;
@@ -127,7 +138,7 @@ EventList parse_events(std::string_view text) {
         release_slot(id);
       }
     } else {
-      fail(line_no, "unknown op '" + std::string(op) + "' (expected a, f, r or c)");
+      fail(line_no, "unknown op '" + std::string(op) + "' (expected a, f, r, c or t)");
     }
     out.events.push_back(event);
   }

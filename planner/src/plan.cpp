@@ -17,6 +17,8 @@ using nlohmann::json;
 
 // Without a cap the simulated device is this large; it reserves host address space only.
 constexpr std::size_t kUncappedDevice = std::size_t{1} << 42;
+// The replay clock's reading at the list's time 0 (a `t` line's microseconds count from here).
+constexpr std::int64_t kReplayEpochNs = 1'000'000'000;
 
 struct Failure {
   std::size_t event = 0;
@@ -96,13 +98,18 @@ RunResult run_torch(const EventList& list, const TorchConfig& config, std::size_
 // One pass through streamalloc's allocator on the simulated device.
 //
 // When the event list carries completion points (`c` lines: when PyTorch saw the events of a block's
-// stream uses complete, which says how far the GPU had got on those streams), the device runs in
-// manual mode: a record_stream enqueues work on the using stream, and that stream and the block's
-// allocation stream run only at the block's `c` line, so streamalloc's fences on them complete where
-// PyTorch's events did. Without them
-// the device is eager (always idle) and pending blocks settle at the next allocation, as the PyTorch
-// model does. Fences are processed at those points and nowhere else (the allocator otherwise polls
-// once per tick of a coarse clock), so a plan is the same on every run.
+// stream uses complete, which says that the GPU had got past the block's free on those streams), the
+// device runs in manual mode: a record_stream enqueues work on the using stream, and at the block's
+// `c` line the using streams and the block's allocation stream run exactly as far as they had got
+// when the block was freed (the fences streamalloc recorded up to that free complete; later ones wait
+// for a later `c`), so the GPU is as far behind the host as it was in the job. Without them the
+// device is eager (always idle) and pending blocks settle at the next allocation, as the PyTorch
+// model does.
+//
+// With `t` lines the allocator runs on the job's clock (SimBackend's replay clock, set before each
+// event): its fence passes and polls fall where they fell in the job, and it finds the completed
+// fences itself. Without them the allocator's clock is the host's, far faster than the job, so the
+// fences are processed at the `c` lines instead. Either way a plan is the same on every run.
 RunResult run_streamalloc(const EventList& list, const std::string& conf, std::size_t cap, std::size_t points) {
   Options options = Options::parse(conf, "the streamalloc setting");
   options.backend = BackendKind::kSim;
@@ -111,6 +118,7 @@ RunResult run_streamalloc(const EventList& list, const std::string& conf, std::s
   sim.address_space_per_device = std::max<std::size_t>(sim.memory_per_device * 4, std::size_t{1} << 40);
   const bool manual = list.explicit_completions;
   sim.mode = manual ? SimBackend::Mode::kManual : SimBackend::Mode::kEager;
+  sim.replay_clock = list.timed;
   auto backend = std::make_shared<SimBackend>(sim);
   options.sim_memory_bytes = sim.memory_per_device;
   RunResult out;
@@ -120,10 +128,13 @@ RunResult run_streamalloc(const EventList& list, const std::string& conf, std::s
     std::vector<Stream> streams;
     for (std::size_t s = 0; s < list.streams; ++s) streams.push_back(backend->create_stream(0));
     // In manual mode every stream always has work queued: an idle stream would let the allocator
-    // release a batch without a fence whenever its clock-driven poll happens to look.
-    auto run_stream = [&](std::uint32_t s) {
-      backend->synchronize_stream(0, streams[s]);
-      backend->enqueue(0, streams[s], [] {});
+    // release a batch without a fence whenever its poll happens to look. ran[s]: items stream s has
+    // run; marks[slot]: (stream, items queued on it up to the block's free).
+    std::vector<std::size_t> ran(list.streams, 0);
+    std::vector<std::vector<std::pair<std::uint32_t, std::size_t>>> marks(list.slots);
+    auto run_to = [&](std::uint32_t s, std::size_t mark) {
+      if (mark > ran[s]) ran[s] += backend->advance(0, streams[s], mark - ran[s]);
+      if (backend->queued_items(0, streams[s]) == 0) backend->enqueue(0, streams[s], [] {});
     };
     if (manual) {
       for (Stream stream : streams) backend->enqueue(0, stream, [] {});
@@ -141,6 +152,7 @@ RunResult run_streamalloc(const EventList& list, const std::string& conf, std::s
     std::size_t alloc_index = 0;
     for (std::size_t i = 0; i < list.events.size(); ++i) {
       const Event& e = list.events[i];
+      if (list.timed) backend->set_time(kReplayEpochNs + static_cast<std::int64_t>(e.time_us) * 1000);
       switch (e.kind) {
         case Event::Kind::kAlloc:
           if (frees_pending && !manual) {
@@ -163,6 +175,14 @@ RunResult run_streamalloc(const EventList& list, const std::string& conf, std::s
         case Event::Kind::kFree: {
           Live& live = slots[e.slot];
           if (live.ptr) allocator.deallocate(live.ptr, live.size, 0, streams[live.stream]);
+          if (manual && !uses[e.slot].empty()) {
+            // After the free: a fence the free recorded is behind the block's last use.
+            marks[e.slot].clear();
+            for (std::uint32_t s : uses[e.slot])
+              marks[e.slot].emplace_back(s, ran[s] + backend->queued_items(0, streams[s]));
+            const std::uint32_t a = alloc_stream[e.slot];
+            marks[e.slot].emplace_back(a, ran[a] + backend->queued_items(0, streams[a]));
+          }
           frees_pending = frees_pending || live.used_elsewhere;
           live = Live{};
           break;
@@ -182,10 +202,10 @@ RunResult run_streamalloc(const EventList& list, const std::string& conf, std::s
         case Event::Kind::kComplete:
           if (manual && !uses[e.slot].empty()) {
             // The events on the using streams completed, and the allocation stream had got as far.
-            for (std::uint32_t s : uses[e.slot]) run_stream(s);
-            run_stream(alloc_stream[e.slot]);
+            for (auto [s, mark] : marks[e.slot]) run_to(s, mark);
             uses[e.slot].clear();
-            allocator.process_fences();
+            marks[e.slot].clear();
+            if (!list.timed) allocator.process_fences();
           }
           break;
       }

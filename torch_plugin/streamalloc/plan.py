@@ -143,10 +143,19 @@ def convert(entries: list) -> Conversion:
         out.entry_of.append(entry)
 
     n = len(entries)
+    start_us = None  # time_us of the first trace entry: `t` lines count from it
+    last_us = -1
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict) or "action" not in entry:
             raise PlanError(f"trace entry {i} is not a PyTorch trace entry (a dict with 'action', 'addr', 'size')")
         action = entry["action"]
+        time_us = entry.get("time_us")
+        if isinstance(time_us, int) and not isinstance(time_us, bool):
+            if start_us is None:
+                start_us = time_us
+            if time_us - start_us > last_us:  # the clock never runs back
+                last_us = time_us - start_us
+                out.lines.append(f"t {last_us}")
         addr = int(entry.get("addr", 0) or 0)
         size = int(entry.get("size", 0) or 0)
         if action == "alloc":

@@ -13,7 +13,9 @@
 //    defaults below, which say so (supports_virtual_memory() is false, the rest throw).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "streamalloc/types.hpp"
@@ -68,6 +70,12 @@ class Backend {
   virtual void restore_capture_mode(int previous) { (void)previous; }
   // Fill `bytes` at `ptr` with `value` in stream order on `stream` (used for poisoning).
   virtual void memset_async(int device, void* ptr, int value, std::size_t bytes, Stream stream) = 0;
+
+  // The clock the allocator paces its fence passes and polls by and dates freed blocks with, on its
+  // device-locked paths (never its per-stream fast path): nullptr, the default, for the host's steady
+  // clock; a simulated device that replays a recorded job gives the job's time (nanoseconds on the
+  // steady clock's scale), which it alone advances. Asked once, when a device's cache is made.
+  virtual const std::atomic<std::int64_t>* replay_clock() const { return nullptr; }
 
   // Free and total memory of the device; memory from reserve() and from map_pages() both count.
   virtual DeviceMemoryInfo memory_info(int device) = 0;

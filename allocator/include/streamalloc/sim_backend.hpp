@@ -61,6 +61,9 @@ class SimBackend final : public Backend {
     bool virtual_memory = true;                         // supports_virtual_memory(); false models a device without
     std::size_t vm_granularity = 2 * MiB;               // a power of two, a multiple of the host page size
     std::size_t address_space_per_device = 1024 * GiB;  // reserve_address_range fails beyond it
+    // The allocator reads its fence pacing time from set_time() (Backend::replay_clock) instead of the
+    // host's clock: a replay gives it the recorded job's time.
+    bool replay_clock = false;
   };
 
   struct Counters {  // COUNT of backend calls, for tests that check batching and host syncs
@@ -110,6 +113,7 @@ class SimBackend final : public Backend {
   int stream_device(Stream stream) override;
   bool supports_virtual_memory(int device) override;
   std::size_t vm_granularity(int device) override;
+  const std::atomic<std::int64_t>* replay_clock() const override;
   void* reserve_address_range(int device, std::size_t bytes) override;
   bool map_pages(int device, void* at, std::size_t bytes) override;
   void unmap_pages(int device, void* at, std::size_t bytes) override;
@@ -130,6 +134,10 @@ class SimBackend final : public Backend {
   std::size_t queued_items(int device, Stream stream) const;
 
   void set_capturing(int device, Stream stream, bool capturing);
+  // The replay clock's time, in nanoseconds (Config::replay_clock; it starts at 0). Throws
+  // Error(kInvalidArgument), and changes nothing, without a replay clock or when `ns` is less than the
+  // time it has: the clock never runs back.
+  void set_time(std::int64_t ns);
   // Change the device memory limit (OOM tests).
   void set_memory_limit(int device, std::size_t bytes);
   std::size_t reserved_bytes(int device) const;  // from reserve()

@@ -5,11 +5,13 @@
 //   r <id> <stream>           record_stream: <stream> uses block <id>
 //   f <id>                    free block <id> (requested on its allocation stream)
 //   c <id>                    the events recorded for block <id>'s stream uses have completed
+//   t <microseconds>          the job's clock from here on (never less than the last `t`)
 //
 // With the header key completions=1 a block freed with stream uses stays pending until its `c` line
 // (the position where PyTorch logged free_completed); without it, it completes at the next
 // allocation (PyTorch processes completed events at every malloc). Other '#' lines and blank lines
-// are ignored. Ids may be reused once freed.
+// are ignored. Ids may be reused once freed. With `t` lines (a snapshot's time_us) the replay gives
+// streamalloc the job's time, so that its fence passes and polls fall where the job's did.
 #pragma once
 
 #include <cstddef>
@@ -24,9 +26,10 @@ namespace streamalloc::planner {
 struct Event {
   enum class Kind : std::uint8_t { kAlloc, kFree, kRecordStream, kComplete };
   Kind kind = Kind::kAlloc;
-  std::uint32_t slot = 0;    // dense block index
-  std::uint32_t stream = 0;  // dense stream index (kRecordStream: the using stream)
-  std::size_t size = 0;      // kAlloc: requested bytes
+  std::uint32_t slot = 0;     // dense block index
+  std::uint32_t stream = 0;   // dense stream index (kRecordStream: the using stream)
+  std::size_t size = 0;       // kAlloc: requested bytes
+  std::uint64_t time_us = 0;  // the last `t` before the event (0 without `t` lines)
 };
 
 struct EventList {
@@ -36,10 +39,11 @@ struct EventList {
   std::size_t streams = 0;  // dense stream indices in use
   std::size_t allocs = 0;
   bool explicit_completions = false;  // header completions=1
+  bool timed = false;                 // the list has `t` lines
 };
 
 // Parse the text above. Throws std::runtime_error("events:LINE: what is wrong") for a missing header,
-// an unknown op, a bad number, an alloc of a live id, a free/record/complete of an unknown id.
+// an unknown op, a bad number, a `t` that runs back, an alloc of a live id, a free/record/complete of an unknown id.
 EventList parse_events(std::string_view text);
 // `source` is a path, or the text itself when it starts with '#'.
 EventList load_events(const std::string& source);
