@@ -33,6 +33,7 @@ struct RunResult {
   std::size_t peak_allocated = 0;
   std::size_t device_allocs = 0;
   std::size_t alloc_retries = 0;    // allocations that released cached memory and retried
+  std::size_t fence_queries = 0;    // streamalloc: event and stream queries of its fence polls
   std::vector<std::size_t> series;  // max reserved per bucket of `every` events
   std::size_t every = 1;
   bool failed = false;
@@ -217,6 +218,7 @@ RunResult run_streamalloc(const EventList& list, const std::string& conf, std::s
     out.peak_allocated = static_cast<std::size_t>(stats.allocated_bytes[0].peak);
     out.device_allocs = static_cast<std::size_t>(stats.num_device_alloc);
     out.alloc_retries = static_cast<std::size_t>(stats.num_alloc_retries);
+    out.fence_queries = static_cast<std::size_t>(stats.fences_polled);
     for (Live& live : slots) {
       if (live.ptr) allocator.deallocate(live.ptr, live.size, 0, streams[live.stream]);
     }
@@ -361,6 +363,7 @@ std::string plan_json(const EventList& events, const PlanRequest& request) {
     r["reserved_per_allocated"] =
         full.peak_allocated ? static_cast<double>(full.peak_reserved) / static_cast<double>(full.peak_allocated) : 0.0;
     r["device_allocs"] = full.device_allocs;
+    if (!torch) r["fence_queries"] = full.fence_queries;
     r["first_failure"] = nullptr;
     r["alloc_retries_under_cap"] = 0;
     if (request.cap_bytes != 0) {

@@ -182,6 +182,60 @@ TEST(Events, ParsesAndRejectsBadLines) {
   EXPECT_THROW(parse_events("#streamalloc-plan v1\na 1 x 0\n"), std::runtime_error);
 }
 
+TEST(Events, TimeLinesDateTheEventsAfterThem) {
+  EventList list = parse_events("#streamalloc-plan v1\na 1 10 0\nt 5\na 2 10 0\nt 5\nt 9\nf 1\n");
+  EXPECT_TRUE(list.timed);
+  ASSERT_EQ(list.events.size(), 3u) << "t lines are not events";
+  EXPECT_EQ(list.events[0].time_us, 0u);
+  EXPECT_EQ(list.events[1].time_us, 5u);
+  EXPECT_EQ(list.events[2].time_us, 9u);
+  EXPECT_FALSE(parse_events("#streamalloc-plan v1\na 1 10 0\n").timed);
+  EXPECT_THROW(parse_events("#streamalloc-plan v1\nt 9\nt 8\na 1 10 0\n"), std::runtime_error);
+  EXPECT_THROW(parse_events("#streamalloc-plan v1\nt x\na 1 10 0\n"), std::runtime_error);
+}
+
+PlanRequest streamalloc_only() {
+  PlanRequest request;
+  request.settings = {{"streamalloc", "streamalloc", ""}};
+  return request;
+}
+
+// A block freed with a use on another stream and completed (c) lets only the fences recorded up to
+// its free complete: a block freed after it stays pending, though the miss of allocation 5 recorded its
+// fence before the completion, so the second allocation after the completion needs a new segment. Both
+// with the job's clock (t lines) and without.
+TEST(Plan, CompletionRunsTheStreamsOnlyAsFarAsTheFree) {
+  for (const std::string time : {"", "t 100\n"}) {
+    const std::string size = std::to_string(12 * MiB);
+    const std::string text = "#streamalloc-plan v1 completions=1\n" + time + "a 1 " + size + " 0\na 2 " + size +
+                             " 0\nr 1 1\nr 2 1\nf 1\nf 2\na 5 " + size + " 0\nc 1\na 3 " + size + " 0\na 4 " + size +
+                             " 0\n";
+    nlohmann::json report = nlohmann::json::parse(plan_json(parse_events(text), streamalloc_only()));
+    EXPECT_EQ(report["settings"][0]["peak_reserved"].get<std::size_t>(), 48 * MiB)
+        << "the first free's block is reused, the second's is still pending (" << (time.empty() ? "un" : "")
+        << "timed)";
+  }
+}
+
+// With t lines the allocator runs on the job's clock: while a block is pending, the allocation path
+// polls its fences once per tick of the coarse clock, so allocations a second apart each poll and
+// allocations at one time poll once.
+TEST(Plan, TimeLinesPaceTheAllocatorsPolls) {
+  const auto queries = [](bool spread) {
+    std::string text = "#streamalloc-plan v1 completions=1\nt 0\na 0 512 0\na 1 4096 0\nr 1 1\nf 1\n";
+    for (int i = 0; i < 5; ++i) {
+      if (spread) text += "t " + std::to_string((i + 1) * 1'000'000) + "\n";
+      text += "a " + std::to_string(10 + i) + " 1024 0\n";
+    }
+    nlohmann::json report = nlohmann::json::parse(plan_json(parse_events(text), streamalloc_only()));
+    return report["settings"][0]["fence_queries"].get<std::size_t>();
+  };
+  const std::size_t flat = queries(false);
+  const std::size_t spread = queries(true);
+  EXPECT_GE(flat, 1u) << "the first allocation after the free polls";
+  EXPECT_EQ(spread - flat, 4u) << "each of the four later allocations, a second apart, polls once more";
+}
+
 TEST(Plan, ReportsEverySettingAndTheCapFailurePoint) {
   std::string text = "#streamalloc-plan v1\n";
   for (int i = 0; i < 20; ++i) text += "a " + std::to_string(i) + " " + std::to_string(30 * MiB) + " 0\n";

@@ -2,6 +2,9 @@
 // uses are dropped only once their stream stops capturing, and the fence passes are paced.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <utility>
 #include <vector>
 
@@ -76,6 +79,55 @@ TEST(FenceEngine, PassesArePacedAndParkingHoldsForTheirDuration) {
     EXPECT_TRUE(engine.parks_released());
   }
   EXPECT_FALSE(engine.parks_released());
+}
+
+TEST(SimBackendReplayClock, OnlyWhenConfiguredAndNeverRunningBack) {
+  SimBackend plain;
+  EXPECT_EQ(plain.replay_clock(), nullptr) << "the host's clock unless asked for";
+  EXPECT_THROW(plain.set_time(5), Error);
+  SimBackend::Config config = manual();
+  config.replay_clock = true;
+  SimBackend sim(config);
+  const std::atomic<std::int64_t>* clock = sim.replay_clock();
+  ASSERT_NE(clock, nullptr);
+  EXPECT_EQ(clock->load(), 0);
+  sim.set_time(1'500'000);
+  EXPECT_EQ(clock->load(), 1'500'000);
+  sim.set_time(1'500'000);  // standing still is allowed
+  try {
+    sim.set_time(1'000'000);
+    FAIL() << "the clock ran back";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  }
+  EXPECT_EQ(clock->load(), 1'500'000) << "a refused set_time changes nothing";
+}
+
+TEST(FenceEngine, PacesByTheReplayClockWhenTheBackendHasOne) {
+  SimBackend::Config config = manual();
+  config.replay_clock = true;
+  SimBackend sim(config);
+  FenceEngine engine(sim, 0);
+  const auto at = [](std::int64_t ns) { return Clock::time_point(std::chrono::nanoseconds(ns)); };
+  sim.set_time(10'000'000'000);
+  EXPECT_EQ(engine.now(), at(10'000'000'000));
+  EXPECT_LE(engine.coarse_now(), engine.now());
+  EXPECT_TRUE(engine.start_pending_poll(engine.coarse_now()));
+  EXPECT_FALSE(engine.start_pending_poll(engine.coarse_now())) << "one poll per tick, however long the host took";
+  sim.set_time(11'000'000'000);  // a second later: a new tick whatever the host's jiffy
+  EXPECT_EQ(engine.now(), at(11'000'000'000));
+  EXPECT_TRUE(engine.start_pending_poll(engine.coarse_now()));
+  // The fence record time comes from the same clock.
+  const Stream s = sim.create_stream(0);
+  FenceQueue fences(s);
+  fences.join_as_owner();
+  ASSERT_TRUE(engine.close_batch(fences));
+  EXPECT_EQ(fences.last_recorded_at(), at(11'000'000'000));
+
+  SimBackend host(manual());
+  FenceEngine host_engine(host, 0);
+  const Clock::time_point before = Clock::now();
+  EXPECT_GE(host_engine.now(), before) << "without a replay clock the engine reads the host's";
 }
 
 }  // namespace
