@@ -70,6 +70,17 @@ def test_write_events_feeds_the_same_engine(small_snapshot, tmp_path):
     assert events.read_text().startswith("#streamalloc-plan v1 completions=1")
 
 
+def test_conversion_carries_the_jobs_clock():
+    entries = [{"action": "alloc", "addr": 1 << 20, "size": 512, "stream": 0, "time_us": 1000},
+               {"action": "alloc", "addr": 2 << 20, "size": 512, "stream": 0, "time_us": 1000},
+               {"action": "alloc", "addr": 3 << 20, "size": 512, "stream": 0, "time_us": 1250},
+               {"action": "free_requested", "addr": 1 << 20, "size": 512, "stream": 0, "time_us": 1200},
+               {"action": "free_completed", "addr": 1 << 20, "size": 512, "stream": 0, "time_us": 1300}]
+    lines = plan.convert(entries).lines[1:]
+    # Microseconds from the first entry, a `t` line where the clock moves on, never back.
+    assert lines == ["t 0", "a 0 512 0", "a 1 512 0", "t 250", "a 2 512 0", "f 0", "t 300"]
+
+
 def test_plot(small_snapshot, tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs matplotlib")
     png = tmp_path / "plan.png"
