@@ -9,8 +9,10 @@ For each workload of DATA/recorded.json (written by record_snapshots.py on a GPU
     (segment_alloc/free/map/unmap, each as (event of the trace, action, bytes)) against the sequence the
     snapshot recorded: the share of recorded segment events the model reproduces in order;
   - the plan's streamalloc peaks against the peaks of real streamalloc runs of the same workload.
-And for each streamalloc_replay trace (bench/replay/traces/*.trace, which carry no segment events but the recorded peak
-reserved in their header): the model's peak against that peak.
+And for each streamalloc_replay trace (bench/replay/traces/*.trace, which carry no segment events and no
+completion points, only the recorded peak reserved in their header): the model's peak against that peak under
+the two completion rules that bracket it, and the snapshot workload that validates the trace's workload
+(multistream, resnet50, gpt2_bench for multistream.trace, resnet50.trace, gpt2.trace).
 Needs the planner library (STREAMALLOC_LIBRARY_DIR, default build/lib) but neither torch nor a GPU.
 """
 
@@ -26,6 +28,13 @@ sys.path.insert(0, os.path.join(ROOT, "torch_plugin"))
 os.environ.setdefault("STREAMALLOC_LIBRARY_DIR", os.path.join(ROOT, "build", "lib"))
 
 from streamalloc import plan  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from record_snapshots import BENCH_WORKLOADS  # noqa: E402
+
+# The bench trace whose workload each snapshot workload runs: the .trace files hold no completion points,
+# so each is validated through a snapshot of the same workload.
+TRACE_OF = {workload: trace for workload, (_, trace) in BENCH_WORKLOADS.items()}
 
 GiB = 1 << 30
 
@@ -57,6 +66,7 @@ def compare_snapshot(record, by_key, data_dir):
     model_seq = [(e, a, s) for e, a, s, _ in model["segment_events"]]
     row = {
         "workload": workload,
+        "bench_trace": TRACE_OF.get(workload),
         "trace_entries": report["trace_entries"],
         "events": report["events"],
         "truncated": report["truncated"],
@@ -79,12 +89,13 @@ def compare_snapshot(record, by_key, data_dir):
     return row
 
 
-def compare_trace(path):
+def compare_trace(path, validated_by=None):
     with open(path) as f:
         text = f.read()
     header = dict(kv.split("=", 1) for kv in text.splitlines()[0].split()[2:] if "=" in kv)
     recorded = int(header.get("native_peak_reserved", 0))
-    out = {"trace": os.path.basename(path), "torch_recorded_peak_reserved": recorded or None}
+    out = {"trace": os.path.basename(path), "torch_recorded_peak_reserved": recorded or None,
+           "validated_by_snapshot": validated_by}
     # The traces carry no completion points of record_stream events: plan with both rules, which bracket
     # what the GPU did (the same number when the trace has no record_stream).
     for rule, key in (("next_malloc", "model"), ("out_of_memory", "model_oom_rule")):
@@ -118,8 +129,9 @@ def main():
                 rows.append(compare_snapshot(record, by_key, args.data))
     else:
         print(f"compare: no {recorded_path}: only the bench traces are compared", file=sys.stderr)
+    snapshot_of = {r["bench_trace"]: r["workload"] for r in rows if r["bench_trace"]}
     for path in sorted(glob.glob(os.path.join(args.traces, "*.trace"))):
-        trace_rows.append(compare_trace(path))
+        trace_rows.append(compare_trace(path, snapshot_of.get(os.path.basename(path))))
 
     print("Snapshots recorded on the GPU: PyTorch's allocator (model vs recorded) and streamalloc (plan vs real)")
     print(f"{'workload':<17} {'entries':>8} {'recorded GiB':>12} {'model GiB':>10} {'err %':>7} {'seg match %':>11}"
@@ -137,16 +149,17 @@ def main():
               f"{r['model_peak_reserved'] / GiB:>10.3f} {r['model_peak_error_pct']:>+7.2f} "
               f"{r['segment_sequence_match_pct']:>11.1f} {sa:>17} {sa_err:>7} {sx:>21} {sx_err:>7}")
     print()
-    print("bench traces (no segment events recorded; peak reserved from their header)")
+    print("bench traces (no segment events, no completion points; peak reserved from their header;"
+          " validated through the snapshot named)")
     print(f"{'trace':<26} {'events':>7} {'recorded GiB':>12} {'model GiB':>10} {'err %':>7}"
-          f" {'model GiB, pending until OOM':>29} {'err %':>7}")
+          f" {'model GiB, pending until OOM':>29} {'err %':>7}  snapshot")
     for r in trace_rows:
         rec = r["torch_recorded_peak_reserved"]
         err = f"{r['model_peak_error_pct']:+.2f}" if rec else "-"
         err2 = f"{r['model_oom_rule_peak_error_pct']:+.2f}" if rec else "-"
         rec_s = f"{rec / GiB:.3f}" if rec else "-"
         print(f"{r['trace']:<26} {r['events']:>7} {rec_s:>12} {r['model_peak_reserved'] / GiB:>10.3f} {err:>7}"
-              f" {r['model_oom_rule_peak_reserved'] / GiB:>29.3f} {err2:>7}")
+              f" {r['model_oom_rule_peak_reserved'] / GiB:>29.3f} {err2:>7}  {r['validated_by_snapshot'] or '-'}")
     with open(args.out, "w") as f:
         json.dump({"snapshots": rows, "bench_traces": trace_rows}, f, indent=1)
     print(f"\nwritten {args.out}")

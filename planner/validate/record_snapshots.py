@@ -2,7 +2,7 @@
 """Record memory snapshots of real workloads on a GPU, and the peaks of the same workloads under
 streamalloc, for planner/validate/compare.py.
 
-    python3 planner/validate/record_snapshots.py --out-dir DIR [--only gpt2,pipeline,gpt2_expandable]
+    python3 planner/validate/record_snapshots.py --out-dir DIR [--only gpt2,pipeline,gpt2_expandable,multistream]
     python3 planner/validate/record_snapshots.py --dry-run     # the workloads on the CPU, tiny, no recording
 
 Workloads, each run in a fresh process per allocator so that every allocator starts empty:
@@ -11,10 +11,15 @@ Workloads, each run in a fresh process per allocator so that every allocator sta
   pipeline         a multi-stream pipeline: batches copied on a side stream (wait_stream, record_stream)
                    and consumed by a small MLP on the compute stream
   gpt2_expandable  gpt2 under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+  multistream, resnet50, gpt2_bench
+                   the workloads of bench/replay/traces/multistream.trace, resnet50.trace and gpt2.trace,
+                   imported from bench/replay/record_workloads.py (they need CUDA: --dry-run only imports
+                   them). The .trace files hold no completion points; these snapshots do.
 Allocators: "pytorch" (PyTorch's allocator, with _record_memory_history and _dump_snapshot, plus
 torch.cuda.max_memory_reserved()), "streamalloc" and "streamalloc_expandable" (streamalloc.enable(),
 peaks from streamalloc.stats()). gpt2_expandable is run under PyTorch's allocator only: its streamalloc
-counterparts are gpt2's. Writes DIR/<workload>.pickle.gz (the snapshot, gzip) and DIR/recorded.json.
+counterparts are gpt2's. Writes DIR/<workload>.pickle.gz (the snapshot, gzip) and DIR/recorded.json, which
+keeps the records of DIR/recorded.json of the workloads not recorded in this run.
 """
 
 import argparse
@@ -26,8 +31,25 @@ import subprocess
 import sys
 import time
 
-WORKLOADS = ("gpt2", "pipeline", "gpt2_expandable")
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+# The bench traces' workloads, by snapshot workload name: (function of record_workloads.py, trace file).
+BENCH_WORKLOADS = {"multistream": ("multistream", "multistream.trace"),
+                   "resnet50": ("resnet50", "resnet50.trace"),
+                   "gpt2_bench": ("gpt2", "gpt2.trace")}
+WORKLOADS = ("gpt2", "pipeline", "gpt2_expandable", *BENCH_WORKLOADS)
+DEFAULT_WORKLOADS = ("gpt2", "pipeline", "gpt2_expandable", "multistream")
 HISTORY_ENTRIES = 400_000
+
+
+def bench_workload(workload):
+    """The function of bench/replay/record_workloads.py that records `workload`'s trace."""
+    sys.path.insert(0, os.path.join(ROOT, "bench", "replay"))
+    try:
+        import record_workloads
+    finally:
+        sys.path.pop(0)
+    return record_workloads.WORKLOADS[BENCH_WORKLOADS[workload][0]]
 
 
 def gpt2(torch, device, dry_run):
@@ -108,9 +130,14 @@ def run_child(workload, allocator, out_dir, dry_run):
     record = allocator == "pytorch" and not dry_run
     if record:
         torch.cuda.memory._record_memory_history(max_entries=HISTORY_ENTRIES, context=None, stacks="python")
-    fn = pipeline if workload == "pipeline" else gpt2
     started = time.time()
-    info = fn(torch, device, dry_run)
+    if workload in BENCH_WORKLOADS:
+        fn = bench_workload(workload)
+        if dry_run:  # they allocate on CUDA: the dry run checks that they import
+            return {"workload": workload, "allocator": allocator, "skipped": "needs CUDA", "function": fn.__name__}
+        info = {"trace": BENCH_WORKLOADS[workload][1], **fn(torch)}
+    else:
+        info = (pipeline if workload == "pipeline" else gpt2)(torch, device, dry_run)
     out = {"workload": workload, "allocator": allocator, "seconds": round(time.time() - started, 2), **info}
     if dry_run:
         return out
@@ -140,10 +167,22 @@ def run_child(workload, allocator, out_dir, dry_run):
     return out
 
 
+def merge_records(path, records):
+    """The records of `path` (an earlier recorded.json) of workloads not recorded now, then `records`."""
+    try:
+        with open(path) as f:
+            earlier = json.load(f)
+    except FileNotFoundError:
+        earlier = []
+    now = {r["workload"] for r in records}
+    return [r for r in earlier if r.get("workload") not in now] + records
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out-dir", default="planner/validate/data")
-    parser.add_argument("--only", default=",".join(WORKLOADS))
+    parser.add_argument("--only", default=",".join(DEFAULT_WORKLOADS),
+                        help=f"comma-separated, of {', '.join(WORKLOADS)} (default: %(default)s)")
     parser.add_argument("--dry-run", action="store_true", help="run the workloads on the CPU, tiny, nothing recorded")
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "ALLOCATOR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -170,8 +209,9 @@ def main():
             print(json.dumps(record), flush=True)
             records.append(record)
     if not args.dry_run:
-        with open(os.path.join(args.out_dir, "recorded.json"), "w") as f:
-            json.dump(records, f, indent=1)
+        path = os.path.join(args.out_dir, "recorded.json")
+        with open(path, "w") as f:
+            json.dump(merge_records(path, records), f, indent=1)
     return 0 if all("error" not in r for r in records) else 1
 
 
