@@ -116,6 +116,9 @@ def pipeline(torch, device, dry_run):
 
 def run_child(workload, allocator, out_dir, dry_run):
     """One workload under one allocator, in this (fresh) process. Returns the record."""
+    if dry_run and workload in BENCH_WORKLOADS:  # they allocate on CUDA: the dry run checks that they import
+        fn = bench_workload(workload)
+        return {"workload": workload, "allocator": allocator, "skipped": "needs CUDA", "function": fn.__name__}
     if workload == "gpt2_expandable" and allocator == "pytorch":
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     if allocator.startswith("streamalloc") and not dry_run:
@@ -132,10 +135,7 @@ def run_child(workload, allocator, out_dir, dry_run):
         torch.cuda.memory._record_memory_history(max_entries=HISTORY_ENTRIES, context=None, stacks="python")
     started = time.time()
     if workload in BENCH_WORKLOADS:
-        fn = bench_workload(workload)
-        if dry_run:  # they allocate on CUDA: the dry run checks that they import
-            return {"workload": workload, "allocator": allocator, "skipped": "needs CUDA", "function": fn.__name__}
-        info = {"trace": BENCH_WORKLOADS[workload][1], **fn(torch)}
+        info = {"trace": BENCH_WORKLOADS[workload][1], **bench_workload(workload)(torch)}
     else:
         info = (pipeline if workload == "pipeline" else gpt2)(torch, device, dry_run)
     out = {"workload": workload, "allocator": allocator, "seconds": round(time.time() - started, 2), **info}

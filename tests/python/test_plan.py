@@ -196,3 +196,64 @@ def test_cpp_tool_agrees_with_the_python_command(small_snapshot, tmp_path):
     assert bad_run.returncode == 1
     assert bad_run.stderr.strip().splitlines() == [
         "streamalloc_plan: events:1: not a planner event list (the first line must start with '#streamalloc-plan v1')"]
+
+
+# ---- planner/validate: the bench traces' workloads, validated through snapshots ----
+
+def test_compare_names_the_snapshot_that_validates_each_bench_trace(tmp_path):
+    data, traces = tmp_path / "data", tmp_path / "traces"
+    data.mkdir()
+    traces.mkdir()
+    (traces / "multistream.trace").write_text((REPO / "bench/replay/traces/multistream.trace").read_text())
+    (traces / "resnet50.trace").write_text("#streamalloc-trace v1 workload=resnet50 native_peak_reserved=2097152\n"
+                                           "a 0 4096 0\nf 0\n")
+    with gzip.open(data / "multistream.pickle.gz", "wb") as f:
+        pickle.dump(make_snapshot(events=500, seed=3), f)
+    peak = 1 << 30
+    records = [{"workload": "multistream", "allocator": "pytorch", "snapshot": "multistream.pickle.gz",
+                "max_memory_reserved": peak},
+               {"workload": "multistream", "allocator": "streamalloc", "max_memory_reserved": peak},
+               {"workload": "multistream", "allocator": "streamalloc_expandable", "max_memory_reserved": peak}]
+    (data / "recorded.json").write_text(json.dumps(records))
+    out = tmp_path / "results.json"
+    result = run_python([str(REPO / "planner/validate/compare.py"), "--data", data, "--traces", traces, "--out", out],
+                        timeout=120)
+    assert result.returncode == 0, result.stderr
+    results = json.loads(out.read_text())
+    (row,) = results["snapshots"]
+    assert row["workload"] == "multistream" and row["bench_trace"] == "multistream.trace"
+    assert row["streamalloc_real_peak_reserved"] == peak and "streamalloc_expandable_plan_error_pct" in row
+    by_trace = {r["trace"]: r for r in results["bench_traces"]}
+    assert by_trace["multistream.trace"]["validated_by_snapshot"] == "multistream"
+    assert by_trace["resnet50.trace"]["validated_by_snapshot"] is None  # no resnet50 snapshot in the data
+    assert by_trace["resnet50.trace"]["model_peak_reserved"] == 2097152
+
+
+def test_record_snapshots_keeps_the_records_of_workloads_not_recorded_again(tmp_path):
+    sys.path.insert(0, str(REPO / "planner" / "validate"))
+    from record_snapshots import BENCH_WORKLOADS, bench_workload, merge_records
+
+    path = tmp_path / "recorded.json"
+    assert merge_records(path, [{"workload": "multistream", "allocator": "pytorch"}]) == [
+        {"workload": "multistream", "allocator": "pytorch"}]
+    path.write_text(json.dumps([{"workload": "gpt2", "allocator": "pytorch", "n": 1},
+                                {"workload": "multistream", "allocator": "pytorch", "n": 1}]))
+    merged = merge_records(path, [{"workload": "multistream", "allocator": "pytorch", "n": 2}])
+    assert merged == [{"workload": "gpt2", "allocator": "pytorch", "n": 1},
+                      {"workload": "multistream", "allocator": "pytorch", "n": 2}]
+    # Each bench workload is the function that recorded its trace, and that trace is in the repository.
+    for workload, (function, trace) in BENCH_WORKLOADS.items():
+        assert bench_workload(workload).__name__ == function
+        assert (REPO / "bench/replay/traces" / trace).is_file()
+
+
+def test_record_snapshots_dry_run_parses_every_workload():
+    only = "multistream,resnet50,gpt2_bench"
+    result = run_python([str(REPO / "planner/validate/record_snapshots.py"), "--dry-run", "--only", only],
+                        timeout=120)
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["workload"] for r in records] == [w for w in only.split(",") for _ in range(3)]
+    assert {r["skipped"] for r in records} == {"needs CUDA"}
+    refused = run_python([str(REPO / "planner/validate/record_snapshots.py"), "--dry-run", "--only", "nope"])
+    assert refused.returncode == 1 and "unknown workload 'nope'" in refused.stderr
