@@ -210,8 +210,9 @@ def main():
             records.append(record)
     if not args.dry_run:
         path = os.path.join(args.out_dir, "recorded.json")
+        merged = merge_records(path, records)  # read before the file is opened for writing
         with open(path, "w") as f:
-            json.dump(merge_records(path, records), f, indent=1)
+            json.dump(merged, f, indent=1)
     return 0 if all("error" not in r for r in records) else 1
 
 
