@@ -18,13 +18,13 @@ Workloads, each run in a fresh process per allocator so that every allocator sta
 Allocators: "pytorch" (PyTorch's allocator, with _record_memory_history and _dump_snapshot, plus
 torch.cuda.max_memory_reserved()), "streamalloc" and "streamalloc_expandable" (streamalloc.enable(),
 peaks from streamalloc.stats()). gpt2_expandable is run under PyTorch's allocator only: its streamalloc
-counterparts are gpt2's. Writes DIR/<workload>.pickle.gz (the snapshot, gzip) and DIR/recorded.json, which
+counterparts are gpt2's. Writes DIR/<workload>.pickle.xz (the snapshot, xz) and DIR/recorded.json, which
 keeps the records of DIR/recorded.json of the workloads not recorded in this run.
 """
 
 import argparse
-import gzip
 import json
+import lzma
 import os
 import random
 import subprocess
@@ -148,10 +148,10 @@ def run_child(workload, allocator, out_dir, dry_run):
         out["num_device_alloc"] = torch.cuda.memory_stats().get("num_device_alloc", -1)
         snapshot = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)
-        path = os.path.join(out_dir, f"{workload}.pickle.gz")
+        path = os.path.join(out_dir, f"{workload}.pickle.xz")
         import pickle
 
-        with gzip.open(path, "wb", compresslevel=9) as f:
+        with lzma.open(path, "wb", preset=9) as f:
             pickle.dump(snapshot, f)
         out["snapshot"] = os.path.basename(path)
         out["trace_entries"] = sum(len(t) for t in snapshot.get("device_traces", []))

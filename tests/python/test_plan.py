@@ -3,6 +3,7 @@ and its answers to bad input (one line on stderr, a non-zero exit)."""
 
 import gzip
 import json
+import lzma
 import pickle
 import sys
 from pathlib import Path
@@ -147,6 +148,17 @@ def test_truncated_file(small_snapshot, tmp_path):
     cut_gz = tmp_path / "cut.pickle.gz"
     cut_gz.write_bytes(gzip.compress(data)[:2000])
     assert "truncated" in bad(cut_gz)
+    cut_xz = tmp_path / "cut.pickle.xz"
+    cut_xz.write_bytes(lzma.compress(data)[:200])
+    assert "truncated" in bad(cut_xz)
+
+
+def test_xz_snapshot_plans_as_the_pickle(small_snapshot, tmp_path):
+    packed = tmp_path / "small.pickle.xz"
+    packed.write_bytes(lzma.compress(small_snapshot.read_bytes()))
+    results = [plan_cli(path, "--json") for path in (packed, small_snapshot)]
+    assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
+    assert json.loads(results[0].stdout)["settings"] == json.loads(results[1].stdout)["settings"]
 
 
 def test_pickle_with_classes_is_refused(tmp_path):

@@ -22,6 +22,7 @@ import ctypes
 import gzip
 import io
 import json
+import lzma
 import pickle
 import sys
 import zlib
@@ -65,6 +66,13 @@ def load_snapshot(path: str | Path) -> dict:
             raise PlanError(f"{path} is truncated: the gzip stream ends early") from None
         except (OSError, zlib.error) as e:
             raise PlanError(f"{path} is not a readable gzip file ({e})") from None
+    elif data[:6] == b"\xfd7zXZ\x00":  # xz-compressed snapshot
+        try:
+            data = lzma.decompress(data)
+        except lzma.LZMAError as e:
+            if "ended before" in str(e):
+                raise PlanError(f"{path} is truncated: the xz stream ends early") from None
+            raise PlanError(f"{path} is not a readable xz file ({e})") from None
     try:
         snapshot = _PlainUnpickler(io.BytesIO(data)).load()
     except PlanError:
@@ -335,7 +343,8 @@ def plot(report: dict, path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m streamalloc.plan", description=__doc__.split("\n\n")[0])
-    parser.add_argument("snapshot", help="a memory snapshot pickle (torch.cuda.memory._dump_snapshot), or it gzipped")
+    parser.add_argument("snapshot", help="a memory snapshot pickle (torch.cuda.memory._dump_snapshot), "
+                        "or it gzip- or xz-compressed")
     parser.add_argument("--cap", type=float, default=0.0, help="GiB: whether each setting fits, and where it fails")
     parser.add_argument("--torch-conf", default="", help="one more PyTorch setting (PYTORCH_CUDA_ALLOC_CONF syntax)")
     parser.add_argument("--conf", default="", help="one more streamalloc setting (STREAMALLOC_CONF syntax)")
