@@ -17,7 +17,8 @@ DeviceCache::DeviceCache(int device, const Options& options, Backend& backend, s
       segments_(backend, device),
       pools_(device, options.cross_stream_reuse),
       fences_(backend, device),
-      ledger_(*this),
+      ledger_(shards_),
+      free_(shards_, ledger_, options),
       aids_(std::move(aids)) {
   ledger_.set_max_split_size(
       options.max_split_size_bytes == 0 ? -1 : static_cast<std::int64_t>(options.max_split_size_bytes));

@@ -34,6 +34,7 @@
 #include "expandable_segments.hpp"
 #include "fence_engine.hpp"
 #include "fence_queue.hpp"
+#include "free_blocks.hpp"
 #include "free_lists.hpp"
 #include "live_map.hpp"
 #include "memory_pool.hpp"
@@ -54,7 +55,7 @@
 
 namespace streamalloc {
 
-class DeviceCache : private HeadroomDonors {
+class DeviceCache {
  public:
   // `aids`: the debugging aids the options turn on (make_debug_aids), nullptr when none is.
   DeviceCache(int device, const Options& options, Backend& backend, std::unique_ptr<DebugAids> aids);
@@ -170,14 +171,8 @@ class DeviceCache : private HeadroomDonors {
   Block* find_free_in_use_on_oom_pools(SizeClass kind, std::size_t size, Stream stream);
 
   // ---- allocation path (device_cache_allocate.cpp)
+  // The best fit (FreeBlocks::best_fit), counted.
   Block* find_free(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream);
-  // find_free's choice without counting it (cross_stream_reuse_settled counts only what is taken).
-  Block* best_free(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream);
-  // best_free's choice for a large block where the default pool grows expandable segments
-  // (device_cache_allocate.cpp says how it differs).
-  Block* best_free_expandable_large(MemoryPool& pool, std::size_t size, Stream stream);
-  // Counts the choice of a find: a settled block of another stream is a cross-stream reuse.
-  Block* count_reuse(Block* block, Stream stream);
   // The first best fit of an allocation; in an expandable segment a fit that would carve a larger block
   // while blocks are pending looks again after a poll (device_cache_allocate.cpp says why).
   Block* find_free_packed(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream);
@@ -185,7 +180,6 @@ class DeviceCache : private HeadroomDonors {
   // A new segment, or more pages of an expandable one, holding a free block of at least `size` bytes.
   Block* reserve_segment(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream);
   Block* reserve_fixed_segment(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream);
-  Block* take(Block* block, std::size_t size, std::size_t requested, Stream stream);
   Block* hand_out(Block* block, std::size_t requested, Stream stream);  // mark allocated, account
   void* hand_out_hot(Shard& own, Block* hot, std::size_t requested);    // taken from own's hot list
   Block* take_hot_after_poll(Shard& own, const MemoryPool& pool, std::size_t size);
@@ -205,22 +199,6 @@ class DeviceCache : private HeadroomDonors {
   // or poll runs (FenceEngine::parks_released) and the list has room (docs/design.md, "Fences:
   // batching and pipelining").
   bool park_released(Shard& owner, Block* block);
-
-  // ---- free lists (device_cache_free_lists.cpp)
-  void insert_free(Block* block);  // into the free lists and, when owned, the owner's settle list
-  void remove_free(Block* block);
-  Block* merge_free_neighbours(Block* block);  // `block` is out of the lists; returns the merged block
-  void make_available(Block* block);           // into the free lists, unless an aid holds it back
-  void enter_free_lists(Block* block);         // settle if its fence completed, merge, index
-  void settle(Block* block);                   // an owned block whose fence completed
-  // An exact-size hot block, out of the list (still hot); both paths, `state`'s lock held.
-  static Block* take_hot(Shard& state, std::size_t size) { return state.take_hot(size); }
-  void flush_hot(Shard& state, std::size_t keep);  // all but the `keep` newest into the free lists
-  void flush_all_hot();
-  void flush_thread_hot(std::uintptr_t thread);  // the hot lists of the streams that `thread` used last
-  void hold_back(Block* block);                  // an aid takes it; blocks the aid lets go of enter the free lists
-  void release_held();                           // every held block enters the free lists
-  void enter_free_lists_after_hold(const std::vector<Block*>& released);
 
   // ---- fences (device_cache_fences.cpp)
   bool close_batch(Shard& state);  // record a fence for the open batch; false if it was empty
@@ -273,11 +251,6 @@ class DeviceCache : private HeadroomDonors {
 
   // ---- stats (device_cache_stats.cpp; the ledger is stats_ledger.hpp, the fast path's part
   // device_cache_shards.cpp)
-  // Moves shards' headroom of `s` at class index `p` to the device's until it holds `needed` or every
-  // shard (each locked until the call returns) has given all.
-  void gather_headroom(FastStat s, int p, std::int64_t needed, std::int64_t& device) override;
-  // The device's stats with every shard's part added: the device lock and every shard lock held.
-  DeviceStats stats_with_shards() const;
   std::int64_t allocated_bytes_now() const;  // device-locked; locks every shard
 
   // ---- reports (device_cache_report.cpp)
@@ -305,6 +278,7 @@ class DeviceCache : private HeadroomDonors {
   FenceEngine fences_;  // events, capture uses, the pacing of fence passes
   // The device's stats and headroom, and the device lock's times (it records them under the lock).
   StatsLedger ledger_;
+  FreeBlocks free_;                // the rules that move blocks into and out of the pools' free lists
   ExpandableSegments expandable_;  // on or off, page size, the segment each (stream, size class) grows
   // Last: the debugging aids, out of the way of the fields the hot path reads. Null when all are off.
   std::unique_ptr<DebugAids> aids_;

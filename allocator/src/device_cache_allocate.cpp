@@ -10,7 +10,6 @@
 // (docs/design.md, rule 6).
 #include <algorithm>
 #include <cstdint>
-#include <tuple>
 
 #include <spdlog/fmt/fmt.h>
 
@@ -56,7 +55,7 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
   const std::size_t size = size_policy::round_size(requested, options_);
   const SizeClass kind = size_policy::size_class_for(size);
   if (pools_.is_default(&pool)) {
-    if (Block* hot = take_hot(own, size)) return hand_out_hot(own, hot, requested);
+    if (Block* hot = own.take_hot(size)) return hand_out_hot(own, hot, requested);
     // A large size the hot list cannot serve: the hot blocks join the free lists first, merged with
     // their neighbours, so the best fit below sees the free memory it would see without the hot list
     // (hot blocks left out of the best fit fragment the large class). Small blocks stay in the hot
@@ -64,7 +63,7 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
     // cycling through a few small sizes keeps hitting the list. An expandable segment has no such
     // bound (one segment per stream holds all its small blocks), so there the small class flushes too
     // (docs/design.md, "Expandable segments", "Packing").
-    if (kind == SizeClass::kLarge || grows_expandable(pool)) flush_hot(own, 0);
+    if (kind == SizeClass::kLarge || grows_expandable(pool)) free_.flush_hot(own, 0);
   }
   // While blocks are pending, their fences may have completed since the last pass (a host sync, or
   // time): PyTorch's allocator polls its events on every allocation, so after a sync it hands a
@@ -109,7 +108,7 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
   }
   if (block == nullptr) {
     ledger_.count(&DeviceStats::num_alloc_retries);
-    release_held();
+    free_.release_held(aids_.get());
     synchronize_all_fences(/*for_memory=*/true);
     block = find_free(pool, kind, size, stream);
     if (block == nullptr) {
@@ -120,14 +119,14 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
   }
   if (block == nullptr) throw_out_of_memory(requested, size, stream);
   own.thread = this_thread_token();
-  return reinterpret_cast<void*>(take(block, size, requested, stream)->address);
+  return reinterpret_cast<void*>(hand_out(free_.take(block, size), requested, stream)->address);
 }
 
 // A poll on the allocation path parks the blocks it releases in their allocation streams' hot lists
 // (park_released): the allocating stream's may serve it.
 Block* DeviceCache::take_hot_after_poll(Shard& own, const MemoryPool& pool, std::size_t size) {
   if (!pools_.is_default(&pool) || own.hot_count.load(std::memory_order_relaxed) == 0) return nullptr;
-  return take_hot(own, size);
+  return own.take_hot(size);
 }
 
 void* DeviceCache::hand_out_hot(Shard& own, Block* hot, std::size_t requested) {
@@ -139,67 +138,8 @@ void* DeviceCache::hand_out_hot(Shard& own, Block* hot, std::size_t requested) {
   return reinterpret_cast<void*>(hot->address);
 }
 
-// The smaller of the best owned and the best settled fit; ties go to the own stream.
-Block* DeviceCache::best_free(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream) {
-  if (kind == SizeClass::kLarge && grows_expandable(pool)) return best_free_expandable_large(pool, size, stream);
-  Block* own = pool.free.best_owned(kind, stream, size);
-  if (own != nullptr && !size_policy::may_serve(own->size, size, options_)) own = nullptr;
-  Block* settled = pool.free.best_settled(kind, stream, size);
-  if (settled != nullptr && !size_policy::may_serve(settled->size, size, options_)) settled = nullptr;
-  if (own != nullptr && (settled == nullptr || own->size <= settled->size)) return own;
-  return settled;
-}
-
-// The large class of expandable segments (docs/design.md, "Expandable segments", "Packing"): an exact
-// fit first, as the plain best fit takes it; else, among the blocks that fit,
-//  1. not the free last block of another stream's expandable segment: that is where its owner grows
-//     next (its growth extends the block, mapping only what is missing), and a rest carved there by
-//     this stream leaves its owner a smaller end and a hole between live blocks of two streams;
-//  2. a block this stream last used (owned, or settled and freed by this stream) before blocks freed
-//     by other streams: each stream keeps reusing the holes it left, so the holes in another stream's
-//     region stay whole for the sizes that stream asks for next;
-//  3. then the smallest, then owned before settled, then the lowest address, as best_free orders them.
-// A fit the first two rules leave out is still taken when nothing else fits. Both indexes are walked
-// smallest first and each walk stops at the first block that no later block of that index can beat
-// (rank 0 or 4 below), so a walk visits few blocks.
-Block* DeviceCache::best_free_expandable_large(MemoryPool& pool, std::size_t size, Stream stream) {
-  constexpr SizeClass kind = SizeClass::kLarge;
-  // Rank: 0 best. Exact fits rank below every carving fit, whatever their other properties.
-  auto rank = [&](const Block* b) {
-    const bool others_end = b->next == nullptr && b->segment->expandable() && b->segment->stream != stream;
-    return (b->size == size ? 0 : 4) + (others_end ? 2 : 0) + (b->stream == stream ? 0 : 1);
-  };
-  Block* best = nullptr;
-  int best_rank = 8;
-  auto consider = [&](Block* b) {
-    // may_serve fails for every larger block once it fails for one (oversize blocks sort last).
-    if (!size_policy::may_serve(b->size, size, options_)) return false;
-    const int r = rank(b);
-    // Then as the plain best fit orders: the smaller block, an owned one before a settled one of its
-    // size, the lower address (so one stream's allocations are placed exactly as the best fit places them).
-    const bool better = best == nullptr || std::make_tuple(r, b->size, b->settled, b->address) <
-                                               std::make_tuple(best_rank, best->size, best->settled, best->address);
-    if (better) {
-      best = b;
-      best_rank = r;
-    }
-    // Later blocks are no smaller: none beats an exact same-stream fit, nor a carving one of rank 4
-    // (a later block of rank 4 is larger, and ranks below 4 are exact fits, which come first).
-    return r != 0 && r != 4;
-  };
-  pool.free.for_each_owned_fit(kind, stream, size, consider);
-  pool.free.for_each_settled_fit(kind, stream, size, consider);
-  return best;
-}
-
-Block* DeviceCache::count_reuse(Block* block, Stream stream) {
-  if (block != nullptr && block->settled && block->stream != stream)
-    ledger_.count(&DeviceStats::cross_stream_reuse_settled);
-  return block;
-}
-
 Block* DeviceCache::find_free(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream) {
-  return count_reuse(best_free(pool, kind, size, stream), stream);
+  return free_.count_reuse(free_.best_fit(pool, kind, size, stream, grows_expandable(pool)), stream);
 }
 
 // Expandable segments pack tighter when a pending block whose fences have completed comes back before
@@ -211,12 +151,13 @@ Block* DeviceCache::find_free(MemoryPool& pool, SizeClass kind, std::size_t size
 // streams' open batches) and looks again. Exact fits, the steady state of a training loop, pay nothing.
 // Fixed segments keep the per-tick poll alone: their numbers do not change with the option off.
 Block* DeviceCache::find_free_packed(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream) {
-  Block* block = best_free(pool, kind, size, stream);
-  if (block != nullptr && block->size != size && grows_expandable(pool) && ledger_.stats().pending_blocks.current > 0) {
+  const bool expandable = grows_expandable(pool);
+  Block* block = free_.best_fit(pool, kind, size, stream, expandable);
+  if (block != nullptr && block->size != size && expandable && ledger_.stats().pending_blocks.current > 0) {
     poll_fences(/*close_batches=*/false);
-    block = best_free(pool, kind, size, stream);
+    block = free_.best_fit(pool, kind, size, stream, expandable);
   }
-  return count_reuse(block, stream);
+  return free_.count_reuse(block, stream);
 }
 
 // Policy `wait`: take the best-fitting owned block of another stream and make `stream` wait on the GPU
@@ -263,21 +204,8 @@ Block* DeviceCache::reserve_fixed_segment(MemoryPool& pool, SizeClass kind, std:
   ledger_.increase(&DeviceStats::segment, kind, 1);
   ledger_.increase(&DeviceStats::reserved_bytes, kind, static_cast<std::int64_t>(segment_size));
   if (size_policy::is_oversize(segment_size, options_)) ledger_.increase(&DeviceStats::oversize_segments, 1);
-  insert_free(segment->head);
+  free_.insert(segment->head);
   return segment->head;
-}
-
-Block* DeviceCache::take(Block* block, std::size_t size, std::size_t requested, Stream stream) {
-  remove_free(block);
-  const SizeClass pool = block->segment->size_class;
-  // In an expandable segment every rest of 512 bytes or more splits off, as in PyTorch's: free pages go
-  // back wherever they are, so a rest strands no segment.
-  const bool split = block->segment->expandable() ? block->size - size >= size_policy::kMinBlockSize
-                                                  : size_policy::should_split(block->size, size, pool, options_);
-  if (!block->segment->owner->no_split && split) {
-    insert_free(split_block(block, size));
-  }
-  return hand_out(block, requested, stream);
 }
 
 // A block from the free lists (or a restored checkpoint) enters its stream's shard.

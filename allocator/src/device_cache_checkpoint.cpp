@@ -92,7 +92,7 @@ PoolRestore DeviceCache::restore_pool(const PoolCheckpoint& checkpoint) {
     result.freed.push_back(reinterpret_cast<void*>(b->address));
     free_live(b);
   }
-  release_held();
+  free_.release_held(aids_.get());
   synchronize_all_fences();
 
   for (const SegmentLayout& layout : checkpoint.segments) {
@@ -102,7 +102,7 @@ PoolRestore DeviceCache::restore_pool(const PoolCheckpoint& checkpoint) {
       throw std::logic_error("streamalloc: segment " + fmt::format("{:#x}", layout.address) +
                              " of a pool being restored is not one settled free block after every fence completed");
     }
-    remove_free(rest);
+    free_.remove(rest);
     // Free pieces are held back from merging until the segment is carved, then enter the free lists
     // one at a time (merging with their free neighbours, as any freed block does).
     std::vector<Block*> free_pieces;
@@ -119,7 +119,7 @@ PoolRestore DeviceCache::restore_pool(const PoolCheckpoint& checkpoint) {
     }
     for (Block* piece : free_pieces) {
       piece->held = false;
-      insert_free(merge_free_neighbours(piece));
+      free_.insert(free_.merge_neighbours(piece));
     }
   }
   return result;

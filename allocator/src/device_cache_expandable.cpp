@@ -65,12 +65,12 @@ Block* DeviceCache::grow_expandable(SizeClass kind, std::size_t size, Stream str
       ledger_.increase(&DeviceStats::reserved_bytes, kind, static_cast<std::int64_t>(bytes));
       if (!extend) {
         refresh_split(added->prev);  // a block alone in its segment is split from now on
-        insert_free(added);
+        free_.insert(added);
         return added;
       }
-      remove_free(tail);
+      free_.remove(tail);
       Block* grown = FreeLists::merge(tail, added);
-      insert_free(grown);
+      free_.insert(grown);
       return grown;
     }
     // The range is full: a new segment takes over the growing; this one keeps its blocks and still
@@ -101,7 +101,7 @@ Block* DeviceCache::grow_expandable(SizeClass kind, std::size_t size, Stream str
   ledger_.count(&DeviceStats::num_device_alloc);
   ledger_.increase(&DeviceStats::segment, kind, 1);
   ledger_.increase(&DeviceStats::reserved_bytes, kind, static_cast<std::int64_t>(bytes));
-  insert_free(segment->head);
+  free_.insert(segment->head);
   return segment->head;
 }
 
@@ -132,12 +132,12 @@ std::size_t DeviceCache::trim_expandable(Segment* segment) {
     if (run.bytes == 0) continue;
     Block* before = block->prev;
     Block* after = block->next;
-    remove_free(block);
+    free_.remove(block);
     SegmentSource::Remains remains;
     try {
       remains = segments_.unmap(segment, block, run);
     } catch (...) {  // a backend error: nothing was unmapped
-      insert_free(block);
+      free_.insert(block);
       throw;
     }
     ledger_.count(&DeviceStats::num_device_free);
@@ -146,8 +146,8 @@ std::size_t DeviceCache::trim_expandable(Segment* segment) {
       aids_->on_segment_pages(TraceAction::kSegmentUnmap, *segment, run.address, run.bytes);
     }
     released += run.bytes;
-    if (remains.before != nullptr) insert_free(remains.before);
-    if (remains.after != nullptr) insert_free(remains.after);
+    if (remains.before != nullptr) free_.insert(remains.before);
+    if (remains.after != nullptr) free_.insert(remains.after);
     if (remains.before == nullptr) {  // the block went: its neighbours may be alone now
       if (before != nullptr) refresh_split(before);
       if (after != nullptr && after != remains.after) refresh_split(after);
@@ -163,14 +163,14 @@ std::size_t DeviceCache::release_expandable(Segment* segment) {
   const SizeClass kind = segment->size_class;
   MemoryPool* owner = segment->owner;
   const std::uintptr_t at = only->address;
-  remove_free(only);
+  free_.remove(only);
   if (aids_ != nullptr) {
     aids_->on_segment_pages(TraceAction::kSegmentUnmap, *segment, at, bytes);
   }
   try {
     segments_.release(segment);
   } catch (...) {  // a backend error: nothing was unmapped
-    insert_free(only);
+    free_.insert(only);
     throw;
   }
   expandable_.forget(segment);

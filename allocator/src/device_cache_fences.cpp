@@ -80,7 +80,7 @@ void DeviceCache::release_pending(Block* block, Clock::time_point now) {
   block->settled = false;
   block->recorded_streams.clear();
   if (park_released(owner, block)) return;
-  make_available(block);
+  free_.make_available(block, aids_.get());
 }
 
 // The blocks a fence releases were all released when it was seen complete: one clock read for all of
@@ -98,10 +98,7 @@ void DeviceCache::finish_fence(Shard& state, Fence& fence) {
   }
   if (fence.event != nullptr) fences_.release_event(fence.event);  // none for a batch completed idle
   // Settle this stream's owned free blocks up to the completed sequence number.
-  while (Block* head = state.settle_list.head()) {
-    if (head->settle_seq > state.fences.completed_seq()) break;
-    settle(head);
-  }
+  free_.settle_completed(state);
 }
 
 // The capture rule of the calls that wait on the host or free device memory, which no capture mode
@@ -127,10 +124,10 @@ bool DeviceCache::any_stream_capturing() {
 void DeviceCache::close_batches_and_poll(Shard* missed, HotLists flush) {
   // Hot blocks join the free lists, where they can merge and settle.
   if (flush == HotLists::kEveryStream || missed == nullptr) {
-    flush_all_hot();
+    free_.flush_all_hot();
   } else {
-    flush_hot(*missed, 0);
-    flush_thread_hot(this_thread_token());
+    free_.flush_hot(*missed, 0);
+    free_.flush_thread_hot(this_thread_token());
   }
   poll_fences(/*close_batches=*/true, missed);
 }
@@ -207,7 +204,7 @@ void DeviceCache::poll_fences(bool close_batches, const Shard* missed) {
 // Host-wait for every fence (the OOM path, empty_cache, a lower memory fraction). Afterwards nothing
 // is pending. `for_memory`: the OOM path, which the aids hear about as a sign of memory pressure.
 void DeviceCache::synchronize_all_fences(bool for_memory) {
-  flush_all_hot();
+  free_.flush_all_hot();
   if (any_stream_capturing()) return;
   std::size_t fences = 0;
   const auto pending_before = ledger_.stats().pending_bytes.current;

@@ -139,10 +139,10 @@ void DeviceCache::free_to_owner(Block* block) {
   if ((aids_ == nullptr || !aids_->holds_blocks()) && pools_.is_default(block->segment->owner) &&
       owner.fences.completed_seq() < block->settle_seq) {
     park_hot(owner, block);
-    if (owner.hot.size() > Shard::kHotBlocks) flush_hot(owner, Shard::kHotBlocks / 2);
+    if (owner.hot.size() > Shard::kHotBlocks) free_.flush_hot(owner, Shard::kHotBlocks / 2);
     return;
   }
-  make_available(block);
+  free_.make_available(block, aids_.get());
 }
 
 void DeviceCache::park_hot(Shard& owner, Block* block) {

@@ -29,7 +29,7 @@ std::size_t DeviceCache::release_free_segments(std::size_t target_bytes, const M
     Block* head = segment->head;
     if (head->in_shard || head->state != BlockState::kFree || !head->settled || head->held || head->next != nullptr)
       continue;
-    remove_free(head);
+    free_.remove(head);
     --owner->segments;
     const SizeClass pool = segment->size_class;
     const std::size_t size = segment->size;
@@ -47,7 +47,7 @@ std::size_t DeviceCache::release_free_segments(std::size_t target_bytes, const M
 
 void DeviceCache::empty_cache() {
   DeviceLock lock(*this);
-  release_held();
+  free_.release_held(aids_.get());
   synchronize_all_fences();
   release_free_segments(SIZE_MAX);
 }
@@ -62,7 +62,7 @@ void DeviceCache::empty_cache(PoolId pool) {
   DeviceLock lock(*this);
   MemoryPool* target = pools_.find(pool);
   if (target == nullptr || !target->freeable()) return;
-  release_held();
+  free_.release_held(aids_.get());
   synchronize_all_fences();
   release_free_segments(SIZE_MAX, target);
 }
@@ -72,7 +72,7 @@ void DeviceCache::set_memory_fraction(double fraction) {
   note_device_total();
   memory_fraction_ = fraction;
   if (segments_.reserved_bytes() > memory_cap()) {
-    release_held();
+    free_.release_held(aids_.get());
     synchronize_all_fences();
     release_free_segments(segments_.reserved_bytes() - memory_cap());
   }
@@ -89,8 +89,8 @@ double DeviceCache::memory_fraction() const {
 // fences were never recorded keep their segments reserved until the process exits.
 void DeviceCache::release_all() {
   DeviceLock lock(*this);
-  flush_all_hot();
-  release_held();
+  free_.flush_all_hot();
+  free_.release_held(aids_.get());
   for (auto& [stream, state] : shards_) {
     shards_.lock(*state);
     Fence fence;

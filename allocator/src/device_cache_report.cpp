@@ -30,7 +30,8 @@ BlockInfo DeviceCache::describe(const Block* block, Clock::time_point now) const
 std::vector<SegmentInfo> DeviceCache::segments() const {
   DeviceLock lock(*this);
   shards_.lock_all();
-  if (aids_ != nullptr) aids_->on_snapshot(static_cast<std::size_t>(stats_with_shards().active_bytes[0].current));
+  if (aids_ != nullptr)
+    aids_->on_snapshot(static_cast<std::size_t>(ledger_.with_shards(shards_).active_bytes[0].current));
   const auto now = Clock::now();
   std::vector<SegmentInfo> out;
   out.reserve(segments_.count());

@@ -75,7 +75,7 @@ void* DeviceCache::allocate_hot(Shard& shard, std::size_t requested) {
                       static_cast<std::int64_t>(requested))) {
     return nullptr;
   }
-  Block* block = take_hot(shard, size);
+  Block* block = shard.take_hot(size);
   if (block == nullptr) return nullptr;
   reuse_hot(shard, block, requested);
   return reinterpret_cast<void*>(block->address);

@@ -290,7 +290,7 @@ void DeviceCache::validate() const {
   }
   pools[0] = all;
   static const char* const kPoolNames[] = {"all", "small_pool", "large_pool"};
-  const DeviceStats stats = stats_with_shards();
+  const DeviceStats stats = ledger_.with_shards(shards_);
   for (int p = 0; p < kSizeClasses; ++p) {
 #define STREAMALLOC_CHECK(name, kind, help)                                                           \
   check_stat(device_, (std::string(#name ".") + kPoolNames[p]).c_str(), stats.name[p], pools[p].name, \

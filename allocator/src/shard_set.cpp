@@ -1,6 +1,8 @@
 // ShardSet: the shards of one device cache and their locks (shard_set.hpp).
 #include "shard_set.hpp"
 
+#include <algorithm>
+
 #include <spdlog/fmt/fmt.h>
 
 #include "streamalloc/types.hpp"
@@ -55,6 +57,20 @@ Block* ShardSet::find_live(std::uintptr_t address) {
   if (block == nullptr) return nullptr;
   get(block->stream);  // its shard, locked: the fast path may have parked it meanwhile
   return block->state == BlockState::kAllocated ? block : nullptr;
+}
+
+// Shard by shard, each locked until the call returns, only what is missing: the shards not visited
+// keep running their fast paths, and those visited keep what was not needed. Only when every shard has
+// given all it has is the device's current known with nothing moving, and a peak may rise.
+void ShardSet::gather_headroom(FastStat s, int p, std::int64_t needed, std::int64_t& device) {
+  for (const auto& [stream, shard] : shards_) {
+    if (device >= needed) break;
+    lock(*shard);
+    std::int64_t& part = shard->stats.headroom[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
+    const std::int64_t take = std::min(part, needed - device);
+    device += take;
+    part -= take;
+  }
 }
 
 std::size_t ShardSet::live_count() const {

@@ -21,6 +21,7 @@
 #include "cache_line_allocator.hpp"
 #include "live_map.hpp"
 #include "shard.hpp"
+#include "shard_stats.hpp"
 #include "shard_table.hpp"
 #include "streamalloc/backend.hpp"
 
@@ -55,7 +56,7 @@ class ShardGuard {
   Shard& shard_;
 };
 
-class ShardSet {
+class ShardSet final : public HeadroomDonors {
  public:
   using Map = std::map<Stream, std::unique_ptr<Shard>>;
 
@@ -125,6 +126,9 @@ class ShardSet {
   const Block* indexed(std::uintptr_t address) const { return blocks_.find(address); }
   std::size_t indexed_count() const { return blocks_.size(); }
   std::size_t live_count() const;  // locks every shard
+  // Moves shards' headroom of `s` at class index `p` to the device's until it holds `needed` or every
+  // shard (each locked until the call returns) has given all.
+  void gather_headroom(FastStat s, int p, std::int64_t needed, std::int64_t& device) override;
 
  private:
   Shard& find_or_add(Stream stream);

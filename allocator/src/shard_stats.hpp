@@ -105,4 +105,16 @@ struct ShardStats {
   }
 };
 
+// Where the ledger (stats_ledger.hpp) finds headroom when the device's own falls short: the shards
+// (ShardSet), each locked (until the device-locked call returns) as it is asked.
+class HeadroomDonors {
+ public:
+  // Moves donors' headroom of `s` at class index `p` into `device` until it holds `needed` or every
+  // donor has given all it has.
+  virtual void gather_headroom(FastStat s, int p, std::int64_t needed, std::int64_t& device) = 0;
+
+ protected:
+  ~HeadroomDonors() = default;
+};
+
 }  // namespace streamalloc

@@ -128,3 +128,41 @@ void StatsLedger::reset_accumulated() {
 }
 
 }  // namespace streamalloc
+
+namespace streamalloc {
+
+DeviceStats StatsLedger::with_shards(const ShardSet& shards) const {
+  DeviceStats sum = stats_;
+  for (const auto& [stream, shard] : shards) add_shard_part(sum, shard->stats);
+  return sum;
+}
+
+DeviceStats StatsLedger::report(const ShardSet& shards) const {
+  DeviceStats copy = with_shards(shards);
+  for (const auto& [stream, shard] : shards) {
+    const StreamPending& p = shard->fences.pending_stats();
+    if (p.pending_blocks.allocated != 0 || p.pending_blocks.current != 0) copy.per_stream[stream] = p;
+  }
+  return copy;
+}
+
+void StatsLedger::reset_peaks(ShardSet& shards) {
+  reset_peaks(with_shards(shards));
+  for (const auto& [stream, shard] : shards) {
+    shard->fences.pending_stats().pending_blocks.reset_peak();
+    shard->fences.pending_stats().pending_bytes.reset_peak();
+    for (auto& room : shard->stats.headroom) room.fill(0);
+  }
+}
+
+void StatsLedger::reset_accumulated(ShardSet& shards) {
+  // A shard's part of current is its allocated - freed: it moves to the device's part first.
+  for (const auto& [stream, shard] : shards) {
+    shard->fences.pending_stats().pending_blocks.reset_accumulated();
+    shard->fences.pending_stats().pending_bytes.reset_accumulated();
+    fold_shard_part(shard->stats);
+  }
+  reset_accumulated();
+}
+
+}  // namespace streamalloc

@@ -12,22 +12,11 @@
 #include <cstdint>
 
 #include "block.hpp"
+#include "shard_set.hpp"
 #include "shard_stats.hpp"
 #include "streamalloc/stats.hpp"
 
 namespace streamalloc {
-
-// Where the ledger finds headroom when the device's own falls short: the shards, each locked (until
-// the device-locked call returns) as it is asked.
-class HeadroomDonors {
- public:
-  // Moves donors' headroom of `s` at class index `p` into `device` until it holds `needed` or every
-  // donor has given all it has.
-  virtual void gather_headroom(FastStat s, int p, std::int64_t needed, std::int64_t& device) = 0;
-
- protected:
-  ~HeadroomDonors() = default;
-};
 
 class StatsLedger {
  public:
@@ -131,6 +120,17 @@ class StatsLedger {
   void give_headroom_for_unpark(ShardStats& shard, const Block* block, std::size_t requested);
 
   // ---- the whole ledger (the device lock and every shard lock held)
+  // The device's stats with every shard's part added.
+  DeviceStats with_shards(const ShardSet& shards) const;
+  // with_shards, and each stream's pending stats where it has had any: what stats() reports (the
+  // device lock's times are the caller's to convert, after the lock).
+  DeviceStats report(const ShardSet& shards) const;
+  // The peaks restart at the current values and all headroom, the device's and the shards', is gone:
+  // the next increase anywhere raises the peak.
+  void reset_peaks(ShardSet& shards);
+  // Totals and counts restart at zero, the shards' too; a shard's part of current moves to the
+  // device's first.
+  void reset_accumulated(ShardSet& shards);
   // Adds a shard's part of the fast path's stats to `sum` (the device's stats, or a copy of them).
   static void add_shard_part(DeviceStats& sum, const ShardStats& part);
   // The fast path's stats' peaks restart at `now` (the device's current with every shard's part) and

@@ -89,3 +89,26 @@ TEST(ShardSet, TheIndexOfShardBlocksFindsLiveBlocksOnly) {
 
 }  // namespace
 }  // namespace streamalloc
+
+namespace streamalloc {
+namespace {
+
+// The ledger's donors: each shard gives only what is still missing, in stream order, locked as it is asked.
+TEST(ShardSet, GatherHeadroomTakesOnlyWhatIsMissingFromTheShards) {
+  SimBackend sim;
+  ShardSet set(sim, 0);
+  const Stream a = sim.create_stream(0);
+  const Stream b = sim.create_stream(0);
+  Call call(set);
+  for (Stream s : {a, b}) set.get(s).stats.headroom[kAllocation][0] = 5;
+  std::int64_t device = 2;
+  set.gather_headroom(kAllocation, 0, 9, device);
+  EXPECT_EQ(device, 9);
+  EXPECT_EQ(set.get(a).stats.headroom[kAllocation][0] + set.get(b).stats.headroom[kAllocation][0], 3)
+      << "7 of the 10 the shards held moved to the device";
+  set.gather_headroom(kAllocation, 0, 20, device);
+  EXPECT_EQ(device, 12) << "every shard gave all it had";
+}
+
+}  // namespace
+}  // namespace streamalloc

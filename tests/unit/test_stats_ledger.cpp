@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "block.hpp"
+#include "cache_parts.hpp"
 #include "stats_ledger.hpp"
 
 namespace streamalloc {
@@ -138,6 +139,38 @@ TEST(StatsLedger, ResetsFoldShardPartsAndClearTotals) {
   EXPECT_EQ(ledger.stats().allocation[0].current, 3) << "current survives a reset of the totals";
   ledger.reset_peaks(ledger.stats());
   EXPECT_EQ(ledger.stats().allocation[0].peak, 3);
+}
+
+}  // namespace
+}  // namespace streamalloc
+
+namespace streamalloc {
+namespace {
+
+// The whole ledger with real shards (ShardSet): the report adds every shard's part, and the resets
+// reach the shards' parts and headroom.
+TEST(StatsLedger, WithShardsAddsEveryShardsPartAndTheResetsReachTheShards) {
+  test::CacheParts parts;
+  const Stream a = parts.sim.create_stream(0);
+  test::DeviceCall call(parts.shards);
+  Shard& shard = parts.shards.get(a);
+  shard.stats.headroom[kAllocation][0] = shard.stats.headroom[kAllocation][kSmall] = 4;
+  shard.stats.raise(kAllocation, kSmall, 3);
+  parts.ledger.fast_increase(kAllocation, SizeClass::kSmall, 2);
+  EXPECT_EQ(parts.ledger.with_shards(parts.shards).allocation[0].current, 5);
+  EXPECT_EQ(parts.ledger.stats().allocation[0].current, 2) << "the device's part alone";
+  EXPECT_EQ(parts.ledger.report(parts.shards).allocation[kSmall].current, 5);
+
+  parts.ledger.reset_peaks(parts.shards);
+  EXPECT_EQ(shard.stats.headroom[kAllocation][0], 0) << "the shards' headroom is gone with the peaks";
+  EXPECT_EQ(parts.ledger.with_shards(parts.shards).allocation[0].peak, 5);
+
+  parts.ledger.reset_accumulated(parts.shards);
+  EXPECT_EQ(shard.stats.allocated[kAllocation][0], 0) << "the shard's part moved to the device's";
+  const DeviceStats after = parts.ledger.with_shards(parts.shards);
+  EXPECT_EQ(after.allocation[0].current, 5);
+  EXPECT_EQ(after.allocation[0].allocated, 0);
+  EXPECT_TRUE(parts.ledger.accumulated_reset());
 }
 
 }  // namespace
