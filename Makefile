@@ -46,7 +46,7 @@ CLANG_FORMAT ?= clang-format
 FORMAT_DIRS = allocator planner torch_plugin/src torch_plugin/include tests bench examples
 FORMAT_SOURCES = $(shell git ls-files -- $(foreach d,$(FORMAT_DIRS),$(foreach e,c h cpp hpp cu cuh,'$(d)/*.$(e)')))
 
-.PHONY: help deps build test demo gpu-test gpu-sanitize gpu-soak traces bench bench-report audit-overhead detection-rate fragmentation test-asan test-tsan fuzz format lint clean
+.PHONY: help deps build test demo gpu-test gpu-sanitize gpu-soak traces bench bench-threads bench-report audit-overhead detection-rate fragmentation test-asan test-tsan fuzz format lint clean
 
 help:
 	@echo "make demo      set up, build what it runs, run the allocation benchmark (streamalloc against each peer"
@@ -57,6 +57,9 @@ help:
 	@echo "make traces    record allocation traces of real workloads (GPU machine, PyTorch)"
 	@echo "make bench     full benchmark run; writes docs/benchmarks.md and plots (build/benchmarks.md without a GPU);"
 	@echo "               the trace replays include the expandable-segments peers (torch_expandable, streamalloc_expandable)"
+	@echo "make bench-threads OUT=dir  the allocator-bound inference server (small_mlp) and the varied-size threads scenario,"
+	@echo "               streamalloc against its peers at 1..16 threads, interleaved, medians of 3: JSON + markdown in dir"
+	@echo "               (GPU machine for the server and the CUDA peers; elsewhere the threads scenarios on the simulated device)"
 	@echo "make audit-overhead  what audit/poison/check_sync/quarantine cost on the training loop (GPU machine)"
 	@echo "make detection-rate  how often each debug option catches the prefetch pipeline's bugs, over repeated runs (GPU machine)"
 	@echo "make fragmentation  GPT-2 with random sequence lengths: peaks and largest batch under a cap, PyTorch's allocator and"
@@ -153,6 +156,18 @@ bench: build
 	  --markdown $(BUILD)/graphs_bench.md || true
 	$(MAKE) --no-print-directory audit-overhead BUILD=$(BUILD) || true
 	$(PYTHON) bench/report.py $(BUILD)/bench.json $(BUILD)/replay-*.json $(BUILD)/torch_empty.json $(BENCH_DOC)
+
+# How streamalloc scales with threads (bench/studies/threads_scaling.py): the allocator-bound inference server
+# (model small_mlp: every allocator of the build, one process per allocator and round, 3 rounds interleaved) and
+# streamalloc_bench's threads_varied and threads scenarios (streamalloc, torch_native, cudaMallocAsync, rmm_arena;
+# repetitions interleaved), T = 1,2,4,8,16, medians of 3, with streamalloc's path counts; JSON and markdown in
+# $(OUT). Builds only the two programs (the server where LibTorch and the plugin are found). About 5 min on an H200.
+OUT ?= $(BUILD)/bench-threads
+BENCH_THREADS_ARGS ?=
+bench-threads:
+	$(call build,$(BUILD),$(if $(GPU),gpu,default),$(if $(GPU),$(TORCH_ARGS),$(DEMO_ARGS)),streamalloc_bench \
+	  $(if $(GPU),streamalloc_inference_server))
+	$(RUN_ENV) $(PYTHON) bench/studies/threads_scaling.py $(OUT) --build $(BUILD) $(BENCH_THREADS_ARGS)
 
 # docs/benchmarks.md, its plots and the README's headline table, regenerated from stored runs without running
 # anything; each kind of result (scenarios, replays, torch.empty, training, inference, debugging options,

@@ -137,6 +137,7 @@ class DeviceCache {
         cache_.ledger_.add_lock_wait(cycle_clock::now() - asked);
       }
       taken_ = cycle_clock::now();
+      cache_.ledger_.add_lock_acquisition();
       cache_.shards_.note_device_lock_taken();
     }
     ~DeviceLock() {

@@ -51,6 +51,7 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
   note_device_total();
   if (requested > kMaxRequest || requested > device_total_) throw_larger_than_device(requested, stream);
   Shard& own = shards_.get(stream);  // first sight of a stream checks that it belongs to this device
+  ++own.counts.allocations_device_locked;
   MemoryPool& pool = pools_.pool_for(stream);
   const std::size_t size = size_policy::round_size(requested, options_);
   const SizeClass kind = size_policy::size_class_for(size);

@@ -34,7 +34,9 @@ bool DeviceCache::deallocate_locked(std::uintptr_t address, std::size_t size_hin
     shards_.get(stream_hint);  // rejects a stream of another device before anything changes
     add_use(block, stream_hint, NewUse::kFreeOnStream);
   }
-  shards_.get(block->stream).thread = this_thread_token();
+  Shard& owner = shards_.get(block->stream);
+  owner.thread = this_thread_token();
+  ++owner.counts.frees_device_locked;
   free_live(block);
   return true;
 }

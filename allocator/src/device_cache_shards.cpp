@@ -78,6 +78,7 @@ void* DeviceCache::allocate_hot(Shard& shard, std::size_t requested) {
   Block* block = shard.take_hot(size);
   if (block == nullptr) return nullptr;
   reuse_hot(shard, block, requested);
+  ++shard.counts.allocations_cached;
   return reinterpret_cast<void*>(block->address);
 }
 
@@ -116,6 +117,7 @@ bool DeviceCache::free_to_shard(Shard& shard, std::uintptr_t address, std::size_
   block->hot = true;
   shard.hot.push_back(block);
   shard.publish_hot();
+  ++shard.counts.frees_cached;
   return true;
 }
 

@@ -76,6 +76,10 @@ void FreeBlocks::enter_after_hold(const std::vector<Block*>& released) {
 
 void FreeBlocks::flush_hot(Shard& shard, std::size_t keep) {
   auto& hot = shard.hot;
+  if (hot.size() > keep) {
+    ++shard.counts.hot_list_flushes;
+    ledger_.count(&DeviceStats::hot_list_flushes);
+  }
   // The oldest blocks leave the list first, on the stack (a flush allocates nothing): the list never
   // holds more than one block past kHotBlocks (a free flushes it then), so one round does.
   std::array<Block*, Shard::kHotBlocks + 1> oldest;

@@ -76,8 +76,11 @@ struct alignas(kCacheLine) Shard {
     }
     return nullptr;
   }
-  LiveMap live;            // the blocks allocated on this stream and not freed yet, by address
-  ShardStats stats;        // this shard's part of the fast path's stats, and its headroom
+  LiveMap live;      // the blocks allocated on this stream and not freed yet, by address
+  ShardStats stats;  // this shard's part of the fast path's stats, and its headroom
+  // Which path this stream's calls took (DeviceStats::per_stream_counts): the fast path writes its
+  // counts under `lock`, device-locked calls theirs with `lock` held too.
+  StreamCounts counts;
   SettleList settle_list;  // device lock only
   // Device lock only: the device-locked operation now running holds `lock` (DeviceCache::lock_shard).
   bool locked_by_device = false;

@@ -70,6 +70,7 @@ void ShardSet::gather_headroom(FastStat s, int p, std::int64_t needed, std::int6
     const std::int64_t take = std::min(part, needed - device);
     device += take;
     part -= take;
+    if (take > 0) ++shard->counts.headroom_given;
   }
 }
 

@@ -67,11 +67,24 @@ std::string DeviceStats::to_json(const std::vector<PoolInfo>& pools) const {
   }
   stream_stats["free_to_reusable_us"] = std::move(histogram);
 
-  nlohmann::json streams = nlohmann::json::array();
+  // One entry per stream: its pending stats (where it had any) and its path counts.
+  std::map<Stream, nlohmann::json> by_stream;
   for (const auto& [stream, pending] : per_stream) {
-    streams.push_back({{"stream", stream},
-                       {"pending_blocks", stat_json(pending.pending_blocks)},
-                       {"pending_bytes", stat_json(pending.pending_bytes)}});
+    nlohmann::json& entry = by_stream[stream];
+    entry["pending_blocks"] = stat_json(pending.pending_blocks);
+    entry["pending_bytes"] = stat_json(pending.pending_bytes);
+  }
+  for (const auto& [stream, counts] : per_stream_counts) {
+    nlohmann::json& entry = by_stream[stream];
+#define STREAMALLOC_JSON_SHARD_COUNT(name, help) entry[#name] = counts.name;
+    STREAMALLOC_SHARD_COUNTS(STREAMALLOC_JSON_SHARD_COUNT)
+#undef STREAMALLOC_JSON_SHARD_COUNT
+  }
+  nlohmann::json streams = nlohmann::json::array();
+  for (auto& [stream, entry] : by_stream) {
+    entry["stream"] = stream;
+    if (!entry.contains("pending_blocks")) entry["pending_blocks"] = entry["pending_bytes"] = stat_json(Stat{});
+    streams.push_back(std::move(entry));
   }
   stream_stats["per_stream"] = std::move(streams);
 

@@ -7,7 +7,10 @@ namespace streamalloc {
 // peak, to exactly the device's current after the increase (every shard is locked then).
 void StatsLedger::draw_headroom(FastStat s, int p, std::int64_t amount) {
   std::int64_t& headroom = headroom_[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
-  if (headroom < amount) donors_.gather_headroom(s, p, amount, headroom);
+  if (headroom < amount) {
+    ++stats_.headroom_gathers;
+    donors_.gather_headroom(s, p, amount, headroom);
+  }
   if (headroom < amount) {
     (stats_.*kFastStatFields[static_cast<std::size_t>(s)])[static_cast<std::size_t>(p)].peak += amount - headroom;
     headroom = amount;
@@ -124,6 +127,7 @@ void StatsLedger::reset_accumulated() {
 #undef STREAMALLOC_RESET_COUNT
   stats_.free_to_reusable_us.fill(0);
   lock_wait_ticks_ = lock_held_ticks_ = 0;
+  lock_acquisitions_ = 0;
   accumulated_reset_ = true;
 }
 
@@ -139,9 +143,13 @@ DeviceStats StatsLedger::with_shards(const ShardSet& shards) const {
 
 DeviceStats StatsLedger::report(const ShardSet& shards) const {
   DeviceStats copy = with_shards(shards);
+  copy.device_lock_acquisitions = lock_acquisitions_;
   for (const auto& [stream, shard] : shards) {
     const StreamPending& p = shard->fences.pending_stats();
     if (p.pending_blocks.allocated != 0 || p.pending_blocks.current != 0) copy.per_stream[stream] = p;
+    copy.per_stream_counts[stream] = shard->counts;
+    copy.allocations_cached += shard->counts.allocations_cached;
+    copy.frees_cached += shard->counts.frees_cached;
   }
   return copy;
 }
@@ -158,6 +166,7 @@ void StatsLedger::reset_peaks(ShardSet& shards) {
 void StatsLedger::reset_accumulated(ShardSet& shards) {
   // A shard's part of current is its allocated - freed: it moves to the device's part first.
   for (const auto& [stream, shard] : shards) {
+    shard->counts = StreamCounts{};
     shard->fences.pending_stats().pending_blocks.reset_accumulated();
     shard->fences.pending_stats().pending_bytes.reset_accumulated();
     fold_shard_part(shard->stats);

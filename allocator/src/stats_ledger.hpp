@@ -145,7 +145,9 @@ class StatsLedger {
     return headroom_[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
   }
 
-  // ---- the device lock's times, in cycle_clock ticks (DeviceLock writes them under the lock)
+  // ---- the device lock's acquisitions and times (in cycle_clock ticks); DeviceLock writes them under the lock
+  void add_lock_acquisition() const { ++lock_acquisitions_; }
+  std::int64_t lock_acquisitions() const { return lock_acquisitions_; }
   void add_lock_wait(std::uint64_t ticks) const { lock_wait_ticks_ += ticks; }
   void add_lock_held(std::uint64_t ticks) const { lock_held_ticks_ += ticks; }
   std::uint64_t lock_wait_ticks() const { return lock_wait_ticks_; }
@@ -168,6 +170,7 @@ class StatsLedger {
   DeviceStats stats_;
   Headroom headroom_{};  // the device's, per stat and class index
   bool accumulated_reset_ = false;
+  mutable std::int64_t lock_acquisitions_ = 0;
   mutable std::uint64_t lock_wait_ticks_ = 0;
   mutable std::uint64_t lock_held_ticks_ = 0;
 };

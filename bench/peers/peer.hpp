@@ -41,6 +41,20 @@ struct FenceCounts {
   std::int64_t polled = 0;    // event queries, and streams asked whether they are idle
 };
 
+// Which path an allocator's calls took, counted by the allocator since it opened (streamalloc's stats:
+// docs/design.md, "Locking").
+struct PathCounts {
+  std::int64_t allocations_cached = 0;         // served by the stream's shard alone
+  std::int64_t allocations_device_locked = 0;  // took the device lock
+  std::int64_t frees_cached = 0;
+  std::int64_t frees_device_locked = 0;
+  std::int64_t device_lock_acquisitions = 0;  // every call that took it
+  std::int64_t device_lock_wait_ns = 0;       // summed over threads
+  std::int64_t device_lock_held_ns = 0;
+  std::int64_t headroom_gathers = 0;
+  std::int64_t hot_list_flushes = 0;
+};
+
 // One allocator under test. Calls may come from several threads at once (the threads scenario);
 // every peer is as thread-safe as the allocator it wraps.
 class Peer {
@@ -67,6 +81,8 @@ class Peer {
   virtual MemoryPeaks peaks() = 0;
   // The allocator's own fence counts (streamalloc's stats); nullopt where the peer keeps none.
   virtual std::optional<FenceCounts> fence_counts() { return std::nullopt; }
+  // The allocator's path counts (streamalloc's stats); nullopt where the peer keeps none.
+  virtual std::optional<PathCounts> path_counts() { return std::nullopt; }
 };
 
 // How a peer that needs a process of its own runs: the program runs itself again with

@@ -46,6 +46,23 @@ void report_peaks(benchmark::State& state, Peer& peer) {
   }
 }
 
+void report_path_counts(benchmark::State& state, Peer& peer, const std::optional<PathCounts>& before) {
+  const std::optional<PathCounts> after = peer.path_counts();
+  if (!before || !after) return;
+  const PathCounts& a = *after;
+  const PathCounts& b = *before;
+  const double allocs = static_cast<double>((a.allocations_cached - b.allocations_cached) +
+                                            (a.allocations_device_locked - b.allocations_device_locked));
+  if (allocs <= 0) return;
+  auto per_alloc = [&](std::int64_t x, std::int64_t y) { return static_cast<double>(x - y) / allocs; };
+  state.counters["cached_share"] = per_alloc(a.allocations_cached, b.allocations_cached);
+  state.counters["device_locks_per_alloc"] = per_alloc(a.device_lock_acquisitions, b.device_lock_acquisitions);
+  state.counters["lock_wait_ns"] = per_alloc(a.device_lock_wait_ns, b.device_lock_wait_ns);
+  state.counters["lock_held_ns"] = per_alloc(a.device_lock_held_ns, b.device_lock_held_ns);
+  state.counters["headroom_gathers"] = 1000 * per_alloc(a.headroom_gathers, b.headroom_gathers);
+  state.counters["hot_list_flushes"] = 1000 * per_alloc(a.hot_list_flushes, b.hot_list_flushes);
+}
+
 namespace {
 
 // Set per benchmark rather than through --benchmark_min_time, whose syntax changed in Google

@@ -4,6 +4,7 @@
 #include <array>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@ constexpr int kMaxThreads = 16;
 struct Shared {
   std::unique_ptr<Peer> peer;
   std::vector<Stream> streams;
+  std::optional<PathCounts> before;  // the peer's path counts after the warm-up
   std::string error;
 };
 
@@ -33,6 +35,7 @@ void threads(benchmark::State& state, const PeerKind& kind, Shared& shared) {
       for (const Stream stream : shared.streams) {  // warm-up: one segment per size class and stream
         for (const std::size_t size : kSizes) shared.peer->free(shared.peer->alloc(size, stream), size, stream);
       }
+      shared.before = shared.peer->path_counts();
     } catch (const std::exception& e) {
       shared.peer.reset();
       shared.error = e.what();
@@ -64,6 +67,7 @@ void threads(benchmark::State& state, const PeerKind& kind, Shared& shared) {
   if (state.thread_index() == 0 && shared.peer != nullptr) {
     try {
       shared.peer->synchronize();
+      report_path_counts(state, *shared.peer, shared.before);
     } catch (const std::exception& e) {
       state.SkipWithError(e.what());
     }

@@ -7,6 +7,7 @@
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
 #include "inference_allocators.hpp"
+#include "streamalloc/allocator.hpp"
 #include "streamalloc/torch.hpp"
 
 namespace streamalloc::bench {
@@ -43,6 +44,12 @@ void install_inference_allocator(const std::string& name, const std::string& str
   std::string known;
   for (const std::string& n : inference_allocator_names()) known += (known.empty() ? "" : ", ") + n;
   throw std::invalid_argument("unknown allocator '" + name + "': this build has " + known);
+}
+
+std::optional<DeviceStats> streamalloc_stats(int device) {
+  Allocator* allocator = streamalloc::torch::allocator();
+  if (allocator == nullptr) return std::nullopt;
+  return allocator->stats(device);
 }
 
 }  // namespace streamalloc::bench

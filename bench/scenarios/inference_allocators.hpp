@@ -9,10 +9,13 @@
 //                integration plugs it in (only in builds with RMM)
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <c10/cuda/CUDACachingAllocator.h>
+
+#include "streamalloc/stats.hpp"
 
 namespace streamalloc::bench {
 
@@ -23,6 +26,9 @@ std::vector<std::string> inference_allocator_names();
 // for name == "streamalloc". Throws std::invalid_argument for an unknown name (naming the known ones),
 // and std::runtime_error when the allocator cannot be installed (CUDA already in use, ...).
 void install_inference_allocator(const std::string& name, const std::string& streamalloc_conf);
+
+// streamalloc's stats of `device` now; nullopt when streamalloc is not PyTorch's allocator.
+std::optional<DeviceStats> streamalloc_stats(int device);
 
 // The stand-in (inference_standin_allocator.cpp).
 std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> make_standin_allocator();

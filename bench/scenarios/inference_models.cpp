@@ -27,9 +27,17 @@ InferenceModel conv() {
           10};
 }
 
+InferenceModel small_mlp() {
+  return {"small_mlp",
+          nn::Sequential(nn::Linear(512, 2048), nn::ReLU(), nn::Linear(2048, 2048), nn::GELU(), nn::Linear(2048, 512)),
+          {512},
+          512,
+          RequestPath::kDevice};
+}
+
 }  // namespace
 
-std::vector<std::string> inference_model_names() { return {"mlp", "conv"}; }
+std::vector<std::string> inference_model_names() { return {"mlp", "conv", "small_mlp"}; }
 
 InferenceModel make_model(const std::string& name, torch::Device device, std::uint64_t seed) {
   torch::manual_seed(seed);  // the CPU generator: weights are initialised on the host, then moved
@@ -38,8 +46,10 @@ InferenceModel make_model(const std::string& name, torch::Device device, std::ui
     model = mlp();
   } else if (name == "conv") {
     model = conv();
+  } else if (name == "small_mlp") {
+    model = small_mlp();
   } else {
-    throw std::invalid_argument("unknown model '" + name + "': use mlp or conv");
+    throw std::invalid_argument("unknown model '" + name + "': use mlp, conv or small_mlp");
   }
   model.net->to(device);
   model.net->eval();

@@ -2,17 +2,21 @@
 // allocator costs a server's throughput (docs/benchmarking.md, "Inference server").
 //
 // T worker threads share one model (weights on the GPU, inference mode), each with a CUDA stream of
-// its own from PyTorch's pool. A request is a random batch of 1..max_batch rows (seeded per thread):
-// copied from the thread's pinned host buffer to the GPU, run through the model, and the result
-// copied back into pinned memory with non_blocking, then the stream is synchronized, as a server
-// returning the result does. Requests per second are counted over a fixed window after a warm-up,
-// aggregated over the threads; each repetition is one such window, the medians are reported.
+// its own from PyTorch's pool. A request is a random batch of 1..max_batch rows (seeded per thread),
+// run through the model, then the stream is synchronized, as a server returning the result does. The
+// model says how the request comes and goes (inference_models.hpp, RequestPath): copied from the
+// thread's pinned host buffer and back into pinned memory with non_blocking (mlp, conv), or made on
+// the GPU with torch::randn and copied back with a plain .to(kCPU) (small_mlp). Requests per second are
+// counted over a fixed window after a warm-up, aggregated over the threads; each repetition is one such
+// window, the medians are reported. Under streamalloc each line also carries its path counts over the
+// repetitions (`path_counts`: allocations served by their stream's shard alone, device-lock
+// acquisitions, the lock's wait and hold time, headroom gathers, hot-list flushes).
 //
 // The allocator is chosen once per process (PyTorch cannot swap it once CUDA is in use), so one run
 // measures one allocator; bench/studies/inference_server.py runs every allocator and compares them.
 //
 //   --allocator=native|streamalloc|standin|rmm   (inference_allocators.hpp; rmm in builds with RMM)
-//   --threads=1,2,4,8,16   --models=mlp,conv   --max-batch=64
+//   --threads=1,2,4,8,16   --models=mlp,conv,small_mlp   --max-batch=64
 //   --warmup=S (0.5)  --duration=S (2)  --reps=N (3)  --seed=N (1)
 //   --conf=K:V,...   streamalloc's options (with --allocator=streamalloc)
 //   --json=FILE      also append the JSON lines to FILE
@@ -30,7 +34,9 @@
 #include <cstring>
 #include <exception>
 #include <fstream>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -62,7 +68,7 @@ constexpr c10::DeviceIndex kDevice = 0;
 struct Flags {
   std::string allocator = "native";
   std::vector<int> threads = {1, 2, 4, 8, 16};
-  std::vector<std::string> models = {"mlp", "conv"};
+  std::vector<std::string> models = {"mlp", "conv", "small_mlp"};
   int max_batch = 64;
   double warmup_s = 0.5;
   double duration_s = 2.0;
@@ -107,7 +113,7 @@ Flags parse_flags(int argc, char** argv) {
           "streamalloc_inference_server: requests/s of a multi-threaded LibTorch inference loop under one allocator.\n"
           "  --allocator=NAME     native (default), streamalloc, standin, rmm (--list-allocators: this build's)\n"
           "  --threads=N,...      worker threads, one CUDA stream each (default 1,2,4,8,16)\n"
-          "  --models=NAME,...    mlp, conv (default both)\n"
+          "  --models=NAME,...    mlp, conv, small_mlp (default all three)\n"
           "  --max-batch=N        a request is 1..N rows, uniformly (default 64)\n"
           "  --warmup=S --duration=S --reps=N   per repetition: S s of warm-up, S s counted (0.5, 2, 3)\n"
           "  --seed=N             weights and batch sizes (default 1)\n"
@@ -154,7 +160,7 @@ Flags parse_flags(int argc, char** argv) {
   const auto models = inference_model_names();
   for (const std::string& m : flags.models) {
     if (std::find(models.begin(), models.end(), m) == models.end())
-      usage_error("unknown model '" + m + "': use mlp or conv");
+      usage_error("unknown model '" + m + "': use mlp, conv or small_mlp");
   }
   return flags;
 }
@@ -232,7 +238,9 @@ Repetition run_repetition(const InferenceModel& model, int threads, const Flags&
       torch::nn::Sequential net = model.net;  // a handle on the shared weights (forward is not const)
       c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, kDevice);
       c10::cuda::CUDAStreamGuard guard(stream);
-      PinnedBuffers buffers(model, flags.max_batch);
+      std::unique_ptr<PinnedBuffers> buffers;
+      if (model.path == RequestPath::kPinned) buffers = std::make_unique<PinnedBuffers>(model, flags.max_batch);
+      const auto on_gpu = torch::TensorOptions().dtype(torch::kFloat32).device(torch::kCUDA, kDevice);
       std::mt19937_64 rng(rep_seed * 1000003u + static_cast<std::uint64_t>(index));
       std::uniform_int_distribution<std::int64_t> batch(1, flags.max_batch);
       auto& my_latencies = latencies[static_cast<std::size_t>(index)];
@@ -245,10 +253,16 @@ Repetition run_repetition(const InferenceModel& model, int threads, const Flags&
         const Clock::time_point start = Clock::now();
         if (start >= window_end) break;
         const std::int64_t rows = batch(rng);
-        {
-          torch::Tensor input = buffers.input(rows).to(torch::Device(torch::kCUDA, kDevice), /*non_blocking=*/true);
+        if (buffers != nullptr) {
+          torch::Tensor input = buffers->input(rows).to(torch::Device(torch::kCUDA, kDevice), /*non_blocking=*/true);
           torch::Tensor output = net->forward(input);
-          buffers.output(rows).copy_(output, /*non_blocking=*/true);
+          buffers->output(rows).copy_(output, /*non_blocking=*/true);
+        } else {
+          std::vector<std::int64_t> shape = {rows};
+          shape.insert(shape.end(), model.sample_shape.begin(), model.sample_shape.end());
+          torch::Tensor output = net->forward(torch::randn(shape, on_gpu));
+          const torch::Tensor result = output.to(torch::kCPU);  // pageable and synchronous
+          (void)result;
         }  // the request's device tensors are freed here, on this thread's stream
         stream.synchronize();
         const Clock::time_point end = Clock::now();
@@ -309,6 +323,27 @@ void reset_peak_reserved() {
   }
 }
 
+// streamalloc's path counts between two of its stats, as a JSON object; "null" under another allocator.
+std::string path_counts_json(const std::optional<streamalloc::DeviceStats>& before,
+                             const std::optional<streamalloc::DeviceStats>& after) {
+  if (!before || !after) return "null";
+  std::string out;
+  auto add = [&](const char* name, std::int64_t streamalloc::DeviceStats::*field) {
+    out += (out.empty() ? "{" : ", ") + std::string("\"") + name +
+           "\": " + std::to_string((*after).*field - (*before).*field);
+  };
+  add("allocations_cached", &streamalloc::DeviceStats::allocations_cached);
+  add("allocations_device_locked", &streamalloc::DeviceStats::allocations_device_locked);
+  add("frees_cached", &streamalloc::DeviceStats::frees_cached);
+  add("frees_device_locked", &streamalloc::DeviceStats::frees_device_locked);
+  add("device_lock_acquisitions", &streamalloc::DeviceStats::device_lock_acquisitions);
+  add("device_lock_wait_ns", &streamalloc::DeviceStats::device_lock_wait_ns);
+  add("device_lock_held_ns", &streamalloc::DeviceStats::device_lock_held_ns);
+  add("headroom_gathers", &streamalloc::DeviceStats::headroom_gathers);
+  add("hot_list_flushes", &streamalloc::DeviceStats::hot_list_flushes);
+  return out + "}";
+}
+
 struct Row {
   std::string model;
   int threads = 0;
@@ -316,6 +351,7 @@ struct Row {
   double p50_us = 0;
   double p99_us = 0;
   std::int64_t peak_reserved = -1;
+  std::string path_counts = "null";  // JSON (path_counts_json)
 };
 
 std::string json_string(const std::string& text) {
@@ -344,7 +380,8 @@ std::string json_line(const Flags& flags, const Row& row, const std::vector<Repe
          ", \"duration_s\": " + num(flags.duration_s) + ", \"reps\": " + std::to_string(flags.reps) +
          ", \"seed\": " + std::to_string(flags.seed) + ", \"streamalloc_conf\": " + json_string(flags.conf) +
          ", \"gpu\": " + json_string(gpu) + ", \"torch\": " + json_string(TORCH_VERSION) +
-         ", \"hardware_threads\": " + std::to_string(std::thread::hardware_concurrency()) + "}";
+         ", \"hardware_threads\": " + std::to_string(std::thread::hardware_concurrency()) +
+         ", \"path_counts\": " + row.path_counts + "}";
 }
 
 int run(const Flags& flags) {
@@ -385,11 +422,12 @@ int run(const Flags& flags) {
     const InferenceModel model = make_model(model_name, torch::Device(torch::kCUDA, kDevice), flags.seed);
     for (int threads : flags.threads) {
       reset_peak_reserved();
+      const std::optional<streamalloc::DeviceStats> before = streamalloc_stats(kDevice);
       std::vector<Repetition> reps;
       for (int r = 0; r < flags.reps; ++r) {
         reps.push_back(run_repetition(model, threads, flags, flags.seed + static_cast<std::uint64_t>(r)));
       }
-      Row row{model_name, threads, 0, 0, 0, peak_reserved()};
+      Row row{model_name, threads, 0, 0, 0, peak_reserved(), path_counts_json(before, streamalloc_stats(kDevice))};
       std::vector<double> rps, p50, p99;
       for (const Repetition& r : reps) {
         rps.push_back(r.requests_per_s);

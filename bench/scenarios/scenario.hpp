@@ -13,6 +13,7 @@
 
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,6 +37,12 @@ struct Scenario {
 
 // Report a peer's peak memory as counters (bytes).
 void report_peaks(benchmark::State& state, Peer& peer);
+
+// Report which path the peer's calls took (where it counts them: streamalloc) as counters, given its
+// counts before the timed loop: cached_share (allocations served by the stream's shard alone, of all),
+// device_locks_per_alloc (device-lock acquisitions per allocation), lock_wait_ns and lock_held_ns
+// (device lock, per allocation), headroom_gathers and hot_list_flushes (per 1000 allocations).
+void report_path_counts(benchmark::State& state, Peer& peer, const std::optional<PathCounts>& before);
 
 // Register `scenario/<peer id>` running `body(state, peer)` on a freshly opened peer. Failures (the
 // peer cannot be opened, an allocation throws) skip the benchmark with the error message instead of

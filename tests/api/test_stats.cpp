@@ -156,5 +156,24 @@ TEST(StatsJson, EveryStreamCountIsSerialized) {
       << "the counts plus pending_blocks, pending_bytes, free_to_reusable_us, per_stream";
 }
 
+// A stream's path counts join its per_stream entry; a stream without pending stats gets zero ones, so
+// that every entry has the same keys.
+TEST(StatsJson, PerStreamCountsJoinTheStreamsEntry) {
+  DeviceStats stats;
+  stats.per_stream[7].pending_blocks.increase(1);
+  stats.per_stream_counts[7].allocations_cached = 5;
+  stats.per_stream_counts[9].allocations_device_locked = 2;
+  stats.per_stream_counts[9].hot_list_flushes = 1;
+  const auto per_stream = nlohmann::json::parse(stats.to_json()).at("stream_stats").at("per_stream");
+  ASSERT_EQ(per_stream.size(), 2u);
+  EXPECT_EQ(per_stream[0].at("stream").get<Stream>(), 7u);
+  EXPECT_EQ(per_stream[0].at("pending_blocks").at("current").get<std::int64_t>(), 1);
+  EXPECT_EQ(per_stream[0].at("allocations_cached").get<std::int64_t>(), 5);
+  EXPECT_EQ(per_stream[1].at("stream").get<Stream>(), 9u);
+  EXPECT_EQ(per_stream[1].at("pending_bytes").at("current").get<std::int64_t>(), 0);
+  EXPECT_EQ(per_stream[1].at("allocations_device_locked").get<std::int64_t>(), 2);
+  EXPECT_EQ(per_stream[1].at("hot_list_flushes").get<std::int64_t>(), 1);
+}
+
 }  // namespace
 }  // namespace streamalloc

@@ -380,6 +380,16 @@ TEST_F(Shards, DeviceLockedCallsAreCountedAndShardCallsAreNot) {
   DeviceStats after = alloc.stats(0);
   EXPECT_EQ(after.allocations_device_locked, before.allocations_device_locked) << "ten pairs from the hot list";
   EXPECT_EQ(after.frees_device_locked, before.frees_device_locked);
+  EXPECT_EQ(after.allocations_cached, before.allocations_cached + 10);
+  EXPECT_EQ(after.frees_cached, before.frees_cached + 10);
+  EXPECT_EQ(after.device_lock_acquisitions, before.device_lock_acquisitions + 1) << "the stats call alone";
+  // Per stream: the same counts, on the stream's own entry; the other stream has none.
+  const StreamCounts& mine = after.per_stream_counts.at(a);
+  EXPECT_EQ(mine.allocations_cached, after.allocations_cached);
+  EXPECT_EQ(mine.allocations_device_locked, after.allocations_device_locked);
+  EXPECT_EQ(mine.frees_cached, after.frees_cached);
+  EXPECT_EQ(mine.frees_device_locked, after.frees_device_locked);
+  EXPECT_EQ(after.per_stream_counts.count(b), 0u);
 
   void* used = alloc.allocate(4 * KiB, 0, a);
   alloc.record_stream(used, b);

@@ -27,6 +27,15 @@ def format_bytes(count: int | float) -> str:
     return f"{int(count)} B" if unit == 0 else f"{value:.2f} {_UNITS[unit]}"
 
 
+def _paths(entry):
+    """A stream's path counts, as a suffix of its line ('' when it has none)."""
+    cached, locked = entry.get("allocations_cached", 0), entry.get("allocations_device_locked", 0)
+    if not cached and not locked:
+        return ""
+    flushes = entry.get("hot_list_flushes", 0)
+    return f"; allocations {cached} cached / {locked} device-locked, {flushes} hot-list flushes"
+
+
 def _stream(value: int | None) -> str:
     return "default" if not value else hex(value)
 
@@ -91,7 +100,14 @@ def format_stats(stats: dict, device: int | str | None = None) -> str:
         lines.append(
             f"    stream {_stream(entry.get('stream'))}: {_count(entry.get('pending_blocks', {}))} blocks / "
             f"{format_bytes(_count(entry.get('pending_bytes', {})))} pending now, peak "
-            f"{entry.get('pending_blocks', {}).get('peak', 0)}")
+            f"{entry.get('pending_blocks', {}).get('peak', 0)}" + _paths(entry))
+    cached, locked = st.get("allocations_cached", 0), st.get("allocations_device_locked", 0)
+    if cached or locked:
+        lines.append(
+            f"  paths       {cached} allocations served by their stream's shard alone, {locked} took the device "
+            f"lock; the device lock taken {st.get('device_lock_acquisitions', 0)} times, waited "
+            f"{st.get('device_lock_wait_ns', 0) / 1e6:.1f} ms, held {st.get('device_lock_held_ns', 0) / 1e6:.1f} ms; "
+            f"{st.get('headroom_gathers', 0)} headroom gathers, {st.get('hot_list_flushes', 0)} hot-list flushes")
     histogram = [(b.get("below_us"), b.get("count", 0)) for b in st.get("free_to_reusable_us", [])]
     if any(count for _, count in histogram):
         cells = [f"<{_us(limit)}: {count}" if limit is not None else f"more: {count}"

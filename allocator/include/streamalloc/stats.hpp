@@ -71,10 +71,15 @@ using StatArray = std::array<Stat, kSizeClasses>;
   X(cross_stream_reuse_waited, "allocations served after a GPU-side wait on a fence")                            \
   X(frees_deferred_capture, "frees whose fences waited for a graph capture to end")                              \
   X(invalid_frees, "free calls rejected (double free, foreign pointer, wrong size/device)")                      \
+  X(allocations_cached, "allocations served by the stream's shard alone (the fast path)")                        \
   X(allocations_device_locked, "allocations that took the device lock (not served by the stream's shard alone)") \
+  X(frees_cached, "frees served by the block's shard alone (the fast path)")                                     \
   X(frees_device_locked, "frees that took the device lock (not served by the block's shard alone)")              \
+  X(device_lock_acquisitions, "calls that took the device lock (allocations, frees, fences, stats, ...)")        \
   X(device_lock_wait_ns, "nanoseconds calls waited to take the device lock, summed over threads")                \
   X(device_lock_held_ns, "nanoseconds calls held the device lock")                                               \
+  X(headroom_gathers, "device-locked calls that took stats headroom back from the shards")                       \
+  X(hot_list_flushes, "shard lists whose blocks (all or the oldest) were moved into the free lists")             \
   X(missing_wait_warnings, "check_sync: uses declared on a stream not ordered after the producer")
 
 // Free-to-reusable latency histogram of pending blocks: bucket i counts blocks whose time from the free
@@ -86,6 +91,21 @@ inline constexpr std::array<std::int64_t, 8> kLatencyBucketUs = {10,     100,   
 struct StreamPending {  // per stream
   Stat pending_blocks;  // COUNT of pending blocks waiting on a fence of this stream
   Stat pending_bytes;   // SUM of their bytes
+};
+
+// name, meaning (per stream: which path its calls took; every field a COUNT)
+#define STREAMALLOC_SHARD_COUNTS(X)                                                                     \
+  X(allocations_cached, "allocations on this stream served by its shard alone (fast-path hits)")        \
+  X(allocations_device_locked, "allocations on this stream that took the device lock (misses)")         \
+  X(frees_cached, "frees of this stream's blocks served by its shard alone")                            \
+  X(frees_device_locked, "frees of this stream's blocks that took the device lock")                     \
+  X(hot_list_flushes, "times this stream's shard list was moved (all or its oldest) to the free lists") \
+  X(headroom_given, "times a device-locked call took stats headroom from this stream's shard")
+
+struct StreamCounts {  // per stream
+#define STREAMALLOC_DECLARE_SHARD_COUNT(name, help) std::int64_t name = 0;
+  STREAMALLOC_SHARD_COUNTS(STREAMALLOC_DECLARE_SHARD_COUNT)
+#undef STREAMALLOC_DECLARE_SHARD_COUNT
 };
 
 struct DeviceStats {
@@ -103,6 +123,7 @@ struct DeviceStats {
   std::int64_t max_split_size = 0;  // bytes; -1 when unlimited (PyTorch's convention)
   std::array<std::int64_t, kLatencyBucketUs.size()> free_to_reusable_us{};
   std::map<Stream, StreamPending> per_stream;
+  std::map<Stream, StreamCounts> per_stream_counts;  // every stream the device has seen
 
   // Serialized as JSON with PyTorch's flat key names ("allocated_bytes.all.current", ...) under
   // "memory_stats", plus the stream stats and one entry per memory pool (`pools`, the default pool
