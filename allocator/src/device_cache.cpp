@@ -16,9 +16,12 @@ DeviceCache::DeviceCache(int device, const Options& options, Backend& backend, s
       memory_fraction_(options.memory_fraction),
       segments_(backend, device),
       pools_(device, options.cross_stream_reuse),
-      fences_(backend, device),
       ledger_(shards_),
       free_(shards_, ledger_, options),
+      fences_(backend, device,
+              FenceEngine::Parts{shards_, ledger_, free_, aids_, options,
+                                 [this](Block* block, Clock::time_point now) { release_pending(block, now); },
+                                 [this] { update_fast_path(); }}),
       aids_(std::move(aids)) {
   ledger_.set_max_split_size(
       options.max_split_size_bytes == 0 ? -1 : static_cast<std::int64_t>(options.max_split_size_bytes));

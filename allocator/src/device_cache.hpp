@@ -177,7 +177,6 @@ class DeviceCache {
   // The first best fit of an allocation; in an expandable segment a fit that would carve a larger block
   // while blocks are pending looks again after a poll (device_cache_allocate.cpp says why).
   Block* find_free_packed(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream);
-  Block* find_free_after_gpu_wait(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream);
   // A new segment, or more pages of an expandable one, holding a free block of at least `size` bytes.
   Block* reserve_segment(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream);
   Block* reserve_fixed_segment(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream);
@@ -188,37 +187,14 @@ class DeviceCache {
   [[noreturn]] void throw_out_of_memory(std::size_t requested, std::size_t size, Stream stream);
 
   // ---- free path (device_cache_free.cpp)
-  void free_live(Block* block);  // a live block, checked: to its owner stream, or pending
-  void add_use(Block* block, Stream stream, NewUse how);
-  // Capture rule: uses recorded on a stream while it captured a graph are dropped once that capture
-  // has ended (the graph's own order covers them); pending blocks left without uses are released.
-  void drop_ended_capture_uses();
-  void free_to_owner(Block* block);
-  void make_pending(Block* block);
+  // A live block, checked, its shard locked: back to its owner stream (its hot list while its batch is
+  // open, else the free lists), or pending when it has other uses.
+  void free_live(Block* block);
   void park_hot(Shard& owner, Block* block);  // free, in its owner's open batch: into the hot list
-  // A released pending block is parked in its owner's hot list instead of merged, while a fence pass
-  // or poll runs (FenceEngine::parks_released) and the list has room (docs/design.md, "Fences:
-  // batching and pipelining").
-  bool park_released(Shard& owner, Block* block);
-
-  // ---- fences (device_cache_fences.cpp)
-  bool close_batch(Shard& state);  // record a fence for the open batch; false if it was empty
-  void fence_after_free(const Block* block);
+  // FenceEngine::Parts::release: every fence of a pending block has completed (at `now`). It is parked
+  // in its owner's hot list while a fence pass or poll runs and the list has room (docs/design.md,
+  // "Fences: batching and pipelining"), else it enters the free lists.
   void release_pending(Block* block, Clock::time_point now);
-  void finish_fence(Shard& state, Fence& fence);
-  // `missed`: the stream whose allocation missed the cache, whose own batch may wait
-  // (defers_own_batch); nullptr closes every batch (process_fences).
-  // `flush`: whose hot lists join the free lists: every stream's, or only the missing stream's and
-  // those of the streams whose last device-locked call came from the calling thread (Shard::thread).
-  enum class HotLists { kEveryStream, kThisThreads };
-  void close_batches_and_poll(Shard* missed = nullptr, HotLists flush = HotLists::kEveryStream);
-  void poll_fences(bool close_batches, const Shard* missed = nullptr);
-  bool defers_own_batch(const Shard& state, const Shard* missed, Clock::time_point now) const;
-  void synchronize_all_fences(bool for_memory = false);
-  bool any_stream_capturing();
-  // For the aids: the pending stats of `count` streams changed at `when`. Out of line and cold.
-  [[gnu::noinline, gnu::cold]] void note_pending_changed(Clock::time_point when, const Stream* streams,
-                                                         std::size_t count);
 
   // ---- lifecycle (device_cache_lifecycle.cpp)
   // Give back entirely free, settled segments of the default pool and of freeable private pools (of

@@ -75,7 +75,7 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
     const Clock::time_point now = fences_.coarse_now();
     if (fences_.start_pending_poll(now)) {
       const FenceEngine::Parking parking(fences_);
-      poll_fences(/*close_batches=*/false);
+      fences_.poll(/*close_batches=*/false);
       if (Block* hot = take_hot_after_poll(own, pool, size)) return hand_out_hot(own, hot, requested);
     }
   }
@@ -90,7 +90,7 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
     // path", step 2). A program that allocates from one thread flushes every hot list at once.
     {
       const FenceEngine::Parking parking(fences_);
-      close_batches_and_poll(&own, HotLists::kThisThreads);
+      fences_.close_batches_and_poll(&own, FenceEngine::HotLists::kThisThreads);
     }
     if (Block* hot = take_hot_after_poll(own, pool, size)) return hand_out_hot(own, hot, requested);
     block = find_free(pool, kind, size, stream);
@@ -99,18 +99,18 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
       reserved = true;
     }
     if (block == nullptr) {
-      close_batches_and_poll(&own, HotLists::kEveryStream);
+      fences_.close_batches_and_poll(&own, FenceEngine::HotLists::kEveryStream);
       block = find_free(pool, kind, size, stream);
     }
   }
   if (block == nullptr && !reserved) block = reserve_segment(pool, kind, size, stream);
   if (block == nullptr && options_.cross_stream_reuse == CrossStreamReuse::kWait) {
-    block = find_free_after_gpu_wait(pool, kind, size, stream);
+    block = fences_.take_after_gpu_wait(pool, kind, size, stream);
   }
   if (block == nullptr) {
     ledger_.count(&DeviceStats::num_alloc_retries);
     free_.release_held(aids_.get());
-    synchronize_all_fences(/*for_memory=*/true);
+    fences_.synchronize_all(/*for_memory=*/true);
     block = find_free(pool, kind, size, stream);
     if (block == nullptr) {
       release_free_segments(SIZE_MAX);
@@ -124,7 +124,7 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
 }
 
 // A poll on the allocation path parks the blocks it releases in their allocation streams' hot lists
-// (park_released): the allocating stream's may serve it.
+// (DeviceCache::release_pending): the allocating stream's may serve it.
 Block* DeviceCache::take_hot_after_poll(Shard& own, const MemoryPool& pool, std::size_t size) {
   if (!pools_.is_default(&pool) || own.hot_count.load(std::memory_order_relaxed) == 0) return nullptr;
   return own.take_hot(size);
@@ -155,33 +155,10 @@ Block* DeviceCache::find_free_packed(MemoryPool& pool, SizeClass kind, std::size
   const bool expandable = grows_expandable(pool);
   Block* block = free_.best_fit(pool, kind, size, stream, expandable);
   if (block != nullptr && block->size != size && expandable && ledger_.stats().pending_blocks.current > 0) {
-    poll_fences(/*close_batches=*/false);
+    fences_.poll(/*close_batches=*/false);
     block = free_.best_fit(pool, kind, size, stream, expandable);
   }
   return free_.count_reuse(block, stream);
-}
-
-// Policy `wait`: take the best-fitting owned block of another stream and make `stream` wait on the GPU
-// for the fence that settles it. Adds a dependency between the streams, no host sync.
-Block* DeviceCache::find_free_after_gpu_wait(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream) {
-  if (any_stream_capturing()) return nullptr;
-  Block* best = nullptr;
-  for (const auto& [other, state] : shards_) {
-    if (other == stream) continue;
-    Block* candidate = pool.free.best_owned(kind, other, size);
-    if (candidate == nullptr || !size_policy::may_serve(candidate->size, size, options_)) continue;
-    if (best == nullptr || candidate->size < best->size) best = candidate;
-  }
-  if (best == nullptr) return nullptr;
-  Shard& owner = shards_.get(best->stream);
-  if (best->settle_seq > owner.fences.closed_seq()) close_batch(owner);
-  const Fence* fence = owner.fences.find(best->settle_seq);
-  if (fence == nullptr) return nullptr;  // completed meanwhile: the block is settled by the next poll
-  backend_.stream_wait_event(device_, stream, fence->event);
-  if (aids_ != nullptr) aids_->on_gpu_wait(fence->event, stream);
-  ledger_.count(&DeviceStats::fences_waited_gpu);
-  ledger_.count(&DeviceStats::cross_stream_reuse_waited);
-  return best;
 }
 
 // The default pool grows its expandable segments when the option is on (device_cache_expandable.cpp),

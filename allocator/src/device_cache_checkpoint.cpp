@@ -78,7 +78,7 @@ PoolRestore DeviceCache::restore_pool(const PoolCheckpoint& checkpoint) {
       if (block.allocated) shards_.get(block.stream);  // rejects a stream of another device now
     }
   }
-  if (any_stream_capturing()) refuse("a graph capture is under way on the device");
+  if (shards_.any_capturing()) refuse("a graph capture is under way on the device");
 
   PoolRestore result;
   std::vector<Block*> live;
@@ -93,7 +93,7 @@ PoolRestore DeviceCache::restore_pool(const PoolCheckpoint& checkpoint) {
     free_live(b);
   }
   free_.release_held(aids_.get());
-  synchronize_all_fences();
+  fences_.synchronize_all();
 
   for (const SegmentLayout& layout : checkpoint.segments) {
     Segment* segment = const_cast<Segment*>(segments_.containing(layout.address));

@@ -15,7 +15,7 @@ std::size_t DeviceCache::memory_cap() const {
 // graph captures, so nothing goes back then; the next call after the capture does it. Teardown
 // (`ask_streams` false) asks no stream: they may be destroyed by then, and no capture can be running.
 std::size_t DeviceCache::release_free_segments(std::size_t target_bytes, const MemoryPool* only, bool ask_streams) {
-  if (ask_streams && any_stream_capturing()) return 0;
+  if (ask_streams && shards_.any_capturing()) return 0;
   std::size_t released = 0;
   for (Segment* segment : segments_.all()) {
     if (released >= target_bytes) break;
@@ -48,7 +48,7 @@ std::size_t DeviceCache::release_free_segments(std::size_t target_bytes, const M
 void DeviceCache::empty_cache() {
   DeviceLock lock(*this);
   free_.release_held(aids_.get());
-  synchronize_all_fences();
+  fences_.synchronize_all();
   release_free_segments(SIZE_MAX);
 }
 
@@ -63,7 +63,7 @@ void DeviceCache::empty_cache(PoolId pool) {
   MemoryPool* target = pools_.find(pool);
   if (target == nullptr || !target->freeable()) return;
   free_.release_held(aids_.get());
-  synchronize_all_fences();
+  fences_.synchronize_all();
   release_free_segments(SIZE_MAX, target);
 }
 
@@ -73,7 +73,7 @@ void DeviceCache::set_memory_fraction(double fraction) {
   memory_fraction_ = fraction;
   if (segments_.reserved_bytes() > memory_cap()) {
     free_.release_held(aids_.get());
-    synchronize_all_fences();
+    fences_.synchronize_all();
     release_free_segments(segments_.reserved_bytes() - memory_cap());
   }
 }
@@ -83,23 +83,13 @@ double DeviceCache::memory_fraction() const {
   return memory_fraction_;
 }
 
-// Teardown and shutdown. Streams may already be destroyed by now (a program tears down its streams,
-// then the allocator), and a CUDA call on a destroyed stream can crash the driver, so this touches
-// events only: it waits for the fences already recorded and releases what they settle. Blocks whose
-// fences were never recorded keep their segments reserved until the process exits.
+// Teardown and shutdown: the fences already recorded are waited for (FenceEngine::wait_recorded asks no
+// stream) and what they settle goes back.
 void DeviceCache::release_all() {
   DeviceLock lock(*this);
   free_.flush_all_hot();
   free_.release_held(aids_.get());
-  for (auto& [stream, state] : shards_) {
-    shards_.lock(*state);
-    Fence fence;
-    try {
-      while (state->fences.synchronize_oldest(backend_, device_, &fence)) finish_fence(*state, fence);
-    } catch (const Error& e) {
-      log().debug("device {}: fence wait at teardown failed: {}", device_, e.what());
-    }
-  }
+  fences_.wait_recorded();
   release_free_segments(SIZE_MAX, nullptr, /*ask_streams=*/false);
   if (const std::size_t live = shards_.live_count(); live != 0) {
     log().debug("device {}: {} block(s) still allocated at teardown stay reserved", device_, live);

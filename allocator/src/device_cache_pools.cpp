@@ -38,7 +38,7 @@ void DeviceCache::end_allocate_to_pool(PoolId pool) {
   pools_.close_route(pool);
   update_fast_path();
   // The capture that opened the route has usually just ended: its uses leave their batches now.
-  if (fences_.has_capture_uses()) drop_ended_capture_uses();
+  if (fences_.has_capture_uses()) fences_.drop_ended_capture_uses();
 }
 
 int DeviceCache::pool_use_count(PoolId pool) const {

@@ -112,7 +112,7 @@ bool DeviceCache::free_to_shard(Shard& shard, std::uintptr_t address, std::size_
   // `since` keeps the allocation's time: the fast path reads no clock.
   block->state = BlockState::kFree;
   block->settled = false;
-  // As free_to_owner: the block joins the stream's open batch, parked until that batch is fenced.
+  // As free_live: the block joins the stream's open batch, parked until that batch is fenced.
   block->settle_seq = shard.fences.join_as_owner();
   block->hot = true;
   shard.hot.push_back(block);

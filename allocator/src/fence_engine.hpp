@@ -8,32 +8,58 @@
 // coarse_now()): the host's, or the backend's replay clock (Backend::replay_clock), which a replay of a
 // recorded job sets to the job's time so that passes and polls fall where the job's did.
 //
-// The passes themselves walk the shards, count stats and tell the aids, so they are the cache's
-// (device_cache_fences.cpp); they ask this engine when to run and record with its events. Every method
-// runs under the device lock.
+// The engine runs the passes too: a free's pass over its used streams' fences, the polls of a miss and
+// of the allocation path, the host waits of the OOM path and teardown, and the capture rule. It works
+// on the cache's other components (Parts) and hands each pending block whose fences have all completed
+// back to the cache through one callback (Parts::release). Every method runs under the device lock.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
+#include <memory>
 #include <vector>
 
 #include "block.hpp"
+#include "debug_aid.hpp"
 #include "fence_queue.hpp"
+#include "free_blocks.hpp"
+#include "memory_pool.hpp"
+#include "shard_set.hpp"
+#include "stats_ledger.hpp"
 #include "streamalloc/backend.hpp"
+#include "streamalloc/options.hpp"
 
 namespace streamalloc {
 
 class FenceEngine {
  public:
   // A miss fences its own stream's batch of owned free blocks at most once per interval: those blocks
-  // serve the stream without a fence (DeviceCache::defers_own_batch).
+  // serve the stream without a fence (defers_own_batch).
   static constexpr std::chrono::milliseconds kOwnBatchInterval{1};
   // Live or pending blocks, each with the streams that used it while they captured.
   using CaptureUses = std::map<Block*, std::vector<Stream>>;
 
-  FenceEngine(Backend& backend, int device)
-      : backend_(backend), device_(device), events_(backend, device), replay_clock_(backend.replay_clock()) {}
+  // What the passes work on: the cache's other components, and what they hand back to the cache.
+  struct Parts {
+    ShardSet& shards;
+    StatsLedger& ledger;
+    FreeBlocks& free;
+    const std::unique_ptr<DebugAids>& aids;  // null while every aid is off
+    const Options& options;
+    // Every fence of a pending block has completed (at `now`): the cache makes it free again.
+    std::function<void(Block* block, Clock::time_point now)> release;
+    // Uses recorded during captures came or went (the cache's fast path runs only while there are none).
+    std::function<void()> capture_uses_changed;
+  };
+
+  FenceEngine(Backend& backend, int device, Parts parts)
+      : backend_(backend),
+        device_(device),
+        parts_(std::move(parts)),
+        events_(backend, device),
+        replay_clock_(backend.replay_clock()) {}
   FenceEngine(const FenceEngine&) = delete;
   FenceEngine& operator=(const FenceEngine&) = delete;
 
@@ -46,32 +72,39 @@ class FenceEngine {
     return Clock::time_point(t - t % coarse_tick());
   }
 
-  // ---- events
-  // Records a fence for `fences`' open batch with an event of the pool; false if the batch was empty.
-  bool close_batch(FenceQueue& fences) { return fences.close_batch(backend_, events_, device_, now()); }
-  void release_event(Event event) { events_.release(event); }
+  // ---- the passes (fence_engine.cpp)
+  // Records a fence for the shard's open batch (the shard locked); false if the batch was empty.
+  bool close_batch(Shard& shard);
+  // A freed block with uses (recorded_streams) becomes pending: it joins its owner's open batch and
+  // that of each used stream, and a free's pass runs when the pacing allows.
+  void make_pending(Block* block);
+  // A miss's pass: the hot lists of every stream (or of `missed` and this thread's streams) join the
+  // free lists, every open batch closes (`missed`'s own may wait, defers_own_batch) and every fence
+  // queue is polled. nullptr: every batch closes (process_fences).
+  enum class HotLists { kEveryStream, kThisThreads };
+  void close_batches_and_poll(Shard* missed = nullptr, HotLists flush = HotLists::kEveryStream);
+  // Without `close_batches` nothing is recorded: fences in flight are polled and idle streams' open
+  // batches complete.
+  void poll(bool close_batches, const Shard* missed = nullptr);
+  // Host-waits for every fence (nothing while a stream captures). `for_memory`: the OOM path, which the
+  // aids hear about.
+  void synchronize_all(bool for_memory = false);
+  // Teardown: waits for the fences already recorded, touching no stream (they may be destroyed).
+  void wait_recorded();
+  // Policy `wait`: the best-fitting owned block of another stream than `stream` in `pool`, made safe by
+  // a GPU-side wait of `stream` on the fence that settles it; nullptr when there is none.
+  Block* take_after_gpu_wait(MemoryPool& pool, SizeClass size_class, std::size_t size, Stream stream);
 
   // ---- the capture rule: uses recorded on a stream while it captured a graph are dropped once that
   // capture has ended (the graph's own order covers them)
+  // `stream` is one more use of live `block` (record_stream, or a free on another stream). Asking
+  // whether it captures costs a runtime call, so it is asked only while a route is open (`routes`).
+  void add_use(Block* block, Stream stream, NewUse how, bool routes);
   bool has_capture_uses() const { return !capture_uses_.empty(); }
   const CaptureUses& capture_uses() const { return capture_uses_; }
-  void add_capture_use(Block* block, Stream stream) { capture_uses_[block].push_back(stream); }
-  // Calls drop(block, stream) for each use whose stream no longer captures, and forgets it.
-  template <typename Drop>
-  void drop_ended_capture_uses(Drop&& drop) {
-    for (auto it = capture_uses_.begin(); it != capture_uses_.end();) {
-      std::vector<Stream>& streams = it->second;
-      for (auto s = streams.begin(); s != streams.end();) {
-        if (backend_.is_capturing(device_, *s)) {
-          ++s;
-          continue;
-        }
-        drop(it->first, *s);
-        s = streams.erase(s);
-      }
-      it = streams.empty() ? capture_uses_.erase(it) : std::next(it);
-    }
-  }
+  // Uses whose stream no longer captures leave their blocks, and their batches; a pending block left
+  // without uses is released.
+  void drop_ended_capture_uses();
 
   // ---- pacing
   // Whether a free at `since` runs a fence pass (at most one per window); if so, the pass starts now.
@@ -87,7 +120,7 @@ class FenceEngine {
     return true;
   }
   // While one lives, a fence pass or poll runs: the blocks it releases are likely to be asked for next
-  // by the stream that allocated them (DeviceCache::park_released).
+  // by the stream that allocated them, so the cache puts them in that stream's hot list (Parts::release).
   class Parking {
    public:
     explicit Parking(FenceEngine& engine) : flag_(engine.park_released_) { flag_ = true; }
@@ -118,8 +151,16 @@ class FenceEngine {
     return tick;
   }
 
+  void fence_after_free(const Block* block);
+  void finish_fence(Shard& shard, Fence& fence);
+  bool defers_own_batch(const Shard& shard, const Shard* missed, Clock::time_point now) const;
+  // For the aids: the pending stats of `count` streams changed at `when`. Out of line and cold.
+  [[gnu::noinline, gnu::cold]] void note_pending_changed(Clock::time_point when, const Stream* streams,
+                                                         std::size_t count);
+
   Backend& backend_;
   const int device_;
+  Parts parts_;
   EventPool events_;
   const std::atomic<std::int64_t>* const replay_clock_;  // nullptr: the host's clock
   CaptureUses capture_uses_;

@@ -74,6 +74,13 @@ void ShardSet::gather_headroom(FastStat s, int p, std::int64_t needed, std::int6
   }
 }
 
+bool ShardSet::any_capturing() const {
+  for (const auto& [stream, shard] : shards_) {
+    if (backend_.is_capturing(device_, stream)) return true;
+  }
+  return false;
+}
+
 std::size_t ShardSet::live_count() const {
   std::size_t live = 0;
   for (const auto& [stream, shard] : shards_) {

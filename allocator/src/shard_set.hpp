@@ -126,6 +126,9 @@ class ShardSet final : public HeadroomDonors {
   const Block* indexed(std::uintptr_t address) const { return blocks_.find(address); }
   std::size_t indexed_count() const { return blocks_.size(); }
   std::size_t live_count() const;  // locks every shard
+  // Whether any stream the cache knows captures a graph, as the backend says (rule 6: no host wait and
+  // no release of device memory meanwhile). A capture on a stream the cache has never seen goes unnoticed.
+  bool any_capturing() const;
   // Moves shards' headroom of `s` at class index `p` to the device's until it holds `needed` or every
   // shard (each locked until the call returns) has given all.
   void gather_headroom(FastStat s, int p, std::int64_t needed, std::int64_t& device) override;

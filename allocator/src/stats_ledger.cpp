@@ -52,7 +52,7 @@ void StatsLedger::account_allocated(ShardStats& shard, const Block* block, std::
 
 // Which headroom a free returns: a block freed with uses (the frees of a cross-stream loop) comes
 // back to its allocation stream after its fences, parked in that stream's hot list where it can
-// (DeviceCache::park_released), and the stream's next allocation takes it on the fast path; so its free
+// (DeviceCache::release_pending), and the stream's next allocation takes it on the fast path; so its free
 // and its release give their headroom to the stream's shard, which that allocation draws. Other
 // device-locked frees give it to the device (`shard` null): a shard keeps what its own fast path
 // returns, and headroom given to shards whose streams allocate on the device-locked path would have to

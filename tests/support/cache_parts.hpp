@@ -1,9 +1,10 @@
 // The parts of a device cache that its components are built from, without a DeviceCache around them,
 // for the components' unit tests (tests/unit): a simulated device, the shards and their device lock,
-// the stats ledger, a pool, and segments tiled by hand-made free blocks.
+// the stats ledger, the free-list rules, a pool, and segments tiled by hand-made free blocks.
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <mutex>
@@ -11,6 +12,9 @@
 #include <vector>
 
 #include "block.hpp"
+#include "debug_aid.hpp"
+#include "fence_engine.hpp"
+#include "free_blocks.hpp"
 #include "memory_pool.hpp"
 #include "shard_set.hpp"
 #include "stats_ledger.hpp"
@@ -35,8 +39,14 @@ class DeviceCall {
 
 // One device's shards, ledger and default pool on a simulated device, and segments of free blocks.
 struct CacheParts {
-  explicit CacheParts(Options opts = Options{})
-      : options(std::move(opts)), shards(sim, 0), ledger(shards), pool(PoolId{}, options.cross_stream_reuse) {}
+  explicit CacheParts(Options opts = Options{}) : CacheParts(SimBackend::Config{}, std::move(opts)) {}
+  CacheParts(SimBackend::Config config, Options opts)
+      : sim(config),
+        options(std::move(opts)),
+        shards(sim, 0),
+        ledger(shards),
+        free(shards, ledger, options),
+        pool(PoolId{}, options.cross_stream_reuse) {}
   ~CacheParts() {
     for (auto& segment : segments) {
       for (Block* b = segment->head; b != nullptr;) {
@@ -75,6 +85,12 @@ struct CacheParts {
     segment.tail = prev;
     return segment;
   }
+  // What a FenceEngine works on: these parts; released blocks and capture-use changes go to the
+  // given callbacks.
+  FenceEngine::Parts fence_parts(
+      std::function<void(Block*, Clock::time_point)> release, std::function<void()> capture_uses_changed = [] {}) {
+    return FenceEngine::Parts{shards, ledger, free, aids, options, std::move(release), std::move(capture_uses_changed)};
+  }
   static Block* at(const Segment& segment, int i) {
     Block* b = segment.head;
     while (i-- > 0) b = b->next;
@@ -85,6 +101,8 @@ struct CacheParts {
   Options options;
   ShardSet shards;
   StatsLedger ledger;
+  FreeBlocks free;
+  std::unique_ptr<DebugAids> aids;  // none
   MemoryPool pool;
   std::vector<std::unique_ptr<Segment>> segments;
 };

@@ -1,5 +1,7 @@
-// FenceEngine on its own (fence_engine.hpp): fences are recorded with the pool's events, a capture's
-// uses are dropped only once their stream stops capturing, and the fence passes are paced.
+// FenceEngine on its own (fence_engine.hpp), over the parts of a cache (tests/support/cache_parts.hpp):
+// fences are recorded with the pool's events, a pending block goes back through the release callback
+// once its fences have completed, a capture's uses are dropped only once their stream stops capturing,
+// and the fence passes are paced.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -8,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "cache_parts.hpp"
 #include "fence_engine.hpp"
 #include "streamalloc/sim_backend.hpp"
 
@@ -20,53 +23,93 @@ SimBackend::Config manual() {
   return config;
 }
 
+using test::CacheParts;
+using test::DeviceCall;
+
+void ignore_release(Block*, Clock::time_point) {}
+
 TEST(FenceEngine, ClosingABatchRecordsOneEventAndReleasedEventsAreReused) {
-  SimBackend sim(manual());
-  FenceEngine engine(sim, 0);
-  const Stream s = sim.create_stream(0);
-  FenceQueue fences(s);
-  EXPECT_FALSE(engine.close_batch(fences)) << "an empty batch records nothing";
-  fences.join_as_owner();
-  ASSERT_TRUE(engine.close_batch(fences));
-  EXPECT_EQ(sim.counters().event_records, 1u);
-  const Event first = fences.in_flight().back().event;
-  sim.synchronize_all();
-  Fence done;
-  std::uint64_t queries = 0;
-  ASSERT_TRUE(fences.pop_completed(sim, 0, &done, &queries));
-  engine.release_event(done.event);
-  fences.join_as_owner();
-  ASSERT_TRUE(engine.close_batch(fences));
-  EXPECT_EQ(fences.in_flight().back().event, first) << "the released event is recorded again";
-  EXPECT_EQ(sim.counters().events_created, 1u);
+  CacheParts parts(manual(), Options{});
+  FenceEngine engine(parts.sim, 0, parts.fence_parts(ignore_release));
+  const Stream s = parts.sim.create_stream(0);
+  DeviceCall call(parts.shards);
+  Shard& shard = parts.shards.get(s);
+  EXPECT_FALSE(engine.close_batch(shard)) << "an empty batch records nothing";
+  shard.fences.join_as_owner();
+  ASSERT_TRUE(engine.close_batch(shard));
+  EXPECT_EQ(parts.sim.counters().event_records, 1u);
+  EXPECT_EQ(parts.ledger.stats().fences_recorded, 1);
+  const Event first = shard.fences.in_flight().back().event;
+  parts.sim.synchronize_all();
+  engine.poll(/*close_batches=*/false);
+  EXPECT_TRUE(shard.fences.in_flight().empty()) << "the poll popped the completed fence";
+  shard.fences.join_as_owner();
+  ASSERT_TRUE(engine.close_batch(shard));
+  EXPECT_EQ(shard.fences.in_flight().back().event, first) << "the released event is recorded again";
+  EXPECT_EQ(parts.sim.counters().events_created, 1u);
+}
+
+TEST(FenceEngine, APendingBlockGoesBackThroughTheReleaseCallbackOnceEveryFenceCompleted) {
+  CacheParts parts(manual(), Options{});
+  std::vector<Block*> released;
+  FenceEngine engine(parts.sim, 0, parts.fence_parts([&](Block* b, Clock::time_point) { released.push_back(b); }));
+  const Stream producer = parts.sim.create_stream(0);
+  const Stream consumer = parts.sim.create_stream(0);
+  Segment& segment = parts.tiled(SizeClass::kSmall, 0x200000, {{4096, producer}});
+  Block* block = segment.head;
+  block->state = BlockState::kAllocated;
+  block->since = engine.now();
+  DeviceCall call(parts.shards);
+  block->recorded_streams = {consumer};
+  engine.make_pending(block);
+  EXPECT_EQ(block->state, BlockState::kPending);
+  EXPECT_EQ(block->fences_left, 1u);
+  EXPECT_EQ(parts.ledger.stats().pending_blocks.current, 1);
+  EXPECT_EQ(parts.shards.get(consumer).fences.pending_stats().pending_blocks.current, 1);
+  engine.close_batches_and_poll();
+  EXPECT_TRUE(released.empty()) << "the consumer's fence has not completed";
+  parts.sim.synchronize_all();
+  engine.poll(/*close_batches=*/false);
+  ASSERT_EQ(released.size(), 1u);
+  EXPECT_EQ(released[0], block);
+  EXPECT_EQ(block->fences_left, 0u);
+  EXPECT_EQ(parts.shards.get(consumer).fences.pending_stats().pending_blocks.current, 0);
 }
 
 TEST(FenceEngine, CaptureUsesAreDroppedOnlyAfterTheirCaptureEnds) {
-  SimBackend sim(manual());
-  FenceEngine engine(sim, 0);
-  const Stream capturing = sim.create_stream(0);
-  const Stream other = sim.create_stream(0);
-  Block a;
-  Block b;
-  sim.set_capturing(0, capturing, true);
-  engine.add_capture_use(&a, capturing);
-  engine.add_capture_use(&b, other);  // its capture has ended already
-  std::vector<std::pair<Block*, Stream>> dropped;
-  const auto drop = [&](Block* block, Stream stream) { dropped.emplace_back(block, stream); };
-  engine.drop_ended_capture_uses(drop);
-  ASSERT_EQ(dropped.size(), 1u);
-  EXPECT_EQ(dropped[0], std::make_pair(&b, other));
+  CacheParts parts(manual(), Options{});
+  int changes = 0;
+  FenceEngine engine(parts.sim, 0, parts.fence_parts(ignore_release, [&] { ++changes; }));
+  const Stream alloc = parts.sim.create_stream(0);
+  const Stream capturing = parts.sim.create_stream(0);
+  const Stream other = parts.sim.create_stream(0);
+  Segment& segment = parts.tiled(SizeClass::kSmall, 0x200000, {{4096, alloc}, {4096, alloc}});
+  Block* a = CacheParts::at(segment, 0);
+  Block* b = CacheParts::at(segment, 1);
+  a->state = b->state = BlockState::kAllocated;
+  DeviceCall call(parts.shards);
+  engine.add_use(a, other, NewUse::kRecordStream, /*routes=*/false);
+  EXPECT_FALSE(engine.has_capture_uses()) << "without a route nobody asks whether the stream captures";
+  parts.sim.set_capturing(0, capturing, true);
+  parts.sim.set_capturing(0, other, true);
+  engine.add_use(a, capturing, NewUse::kRecordStream, /*routes=*/true);
+  engine.add_use(b, other, NewUse::kRecordStream, /*routes=*/true);
+  EXPECT_EQ(changes, 2);
+  parts.sim.set_capturing(0, other, false);
+  engine.drop_ended_capture_uses();
+  EXPECT_EQ(b->recorded_streams, std::vector<Stream>{}) << "its capture has ended";
+  EXPECT_EQ(a->recorded_streams, (std::vector<Stream>{other, capturing}));
   EXPECT_TRUE(engine.has_capture_uses());
-  EXPECT_EQ(engine.capture_uses().count(&a), 1u);
-  sim.set_capturing(0, capturing, false);
-  engine.drop_ended_capture_uses(drop);
-  EXPECT_EQ(dropped.size(), 2u);
+  EXPECT_EQ(engine.capture_uses().count(a), 1u);
+  parts.sim.set_capturing(0, capturing, false);
+  engine.drop_ended_capture_uses();
+  EXPECT_EQ(a->recorded_streams, std::vector<Stream>{other}) << "the use recorded outside a capture stays";
   EXPECT_FALSE(engine.has_capture_uses());
 }
 
 TEST(FenceEngine, PassesArePacedAndParkingHoldsForTheirDuration) {
-  SimBackend sim;
-  FenceEngine engine(sim, 0);
+  CacheParts parts;
+  FenceEngine engine(parts.sim, 0, parts.fence_parts(ignore_release));
   const Clock::time_point t0 = Clock::now();
   EXPECT_TRUE(engine.start_free_pass(t0));
   EXPECT_FALSE(engine.start_free_pass(t0 + std::chrono::microseconds(1))) << "inside the batch window";
@@ -106,8 +149,9 @@ TEST(SimBackendReplayClock, OnlyWhenConfiguredAndNeverRunningBack) {
 TEST(FenceEngine, PacesByTheReplayClockWhenTheBackendHasOne) {
   SimBackend::Config config = manual();
   config.replay_clock = true;
-  SimBackend sim(config);
-  FenceEngine engine(sim, 0);
+  CacheParts parts(config, Options{});
+  SimBackend& sim = parts.sim;
+  FenceEngine engine(sim, 0, parts.fence_parts(ignore_release));
   const auto at = [](std::int64_t ns) { return Clock::time_point(std::chrono::nanoseconds(ns)); };
   sim.set_time(10'000'000'000);
   EXPECT_EQ(engine.now(), at(10'000'000'000));
@@ -119,13 +163,16 @@ TEST(FenceEngine, PacesByTheReplayClockWhenTheBackendHasOne) {
   EXPECT_TRUE(engine.start_pending_poll(engine.coarse_now()));
   // The fence record time comes from the same clock.
   const Stream s = sim.create_stream(0);
-  FenceQueue fences(s);
-  fences.join_as_owner();
-  ASSERT_TRUE(engine.close_batch(fences));
-  EXPECT_EQ(fences.last_recorded_at(), at(11'000'000'000));
+  {
+    DeviceCall call(parts.shards);
+    Shard& shard = parts.shards.get(s);
+    shard.fences.join_as_owner();
+    ASSERT_TRUE(engine.close_batch(shard));
+    EXPECT_EQ(shard.fences.last_recorded_at(), at(11'000'000'000));
+  }
 
-  SimBackend host(manual());
-  FenceEngine host_engine(host, 0);
+  CacheParts host(manual(), Options{});
+  FenceEngine host_engine(host.sim, 0, host.fence_parts(ignore_release));
   const Clock::time_point before = Clock::now();
   EXPECT_GE(host_engine.now(), before) << "without a replay clock the engine reads the host's";
 }
