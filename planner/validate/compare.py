@@ -86,6 +86,20 @@ def compare_snapshot(record, by_key, data_dir):
         if real and "max_memory_reserved" in real:
             row[f"{allocator}_real_peak_reserved"] = real["max_memory_reserved"]
             row[f"{allocator}_plan_error_pct"] = pct(setting["peak_reserved"], real["max_memory_reserved"])
+    # A streamalloc run that recorded its own snapshot: the plan of that snapshot runs on that run's timing
+    # (its completion points are where streamalloc saw its fences complete), so it is compared with the
+    # peak of the same run.
+    for setting, allocator in zip(settings[1:], ("streamalloc", "streamalloc_expandable")):
+        own = by_key.get((base, f"{allocator}_recorded"))
+        if not own or "snapshot" not in own:
+            continue
+        own_report, _ = plan.plan_snapshot(plan.load_snapshot(os.path.join(data_dir, own["snapshot"])),
+                                           settings=[setting])
+        planned = own_report["settings"][0]["peak_reserved"]
+        row[f"{allocator}_own_snapshot"] = own["snapshot"]
+        row[f"{allocator}_own_plan_peak_reserved"] = planned
+        row[f"{allocator}_own_real_peak_reserved"] = own["max_memory_reserved"]
+        row[f"{allocator}_own_plan_error_pct"] = pct(planned, own["max_memory_reserved"])
     return row
 
 
@@ -148,6 +162,20 @@ def main():
         print(f"{r['workload']:<17} {r['trace_entries']:>8} {r['torch_recorded_peak_reserved'] / GiB:>12.3f} "
               f"{r['model_peak_reserved'] / GiB:>10.3f} {r['model_peak_error_pct']:>+7.2f} "
               f"{r['segment_sequence_match_pct']:>11.1f} {sa:>17} {sa_err:>7} {sx:>21} {sx_err:>7}")
+    own_rows = [r for r in rows if any(f"{k}_own_snapshot" in r for k in ("streamalloc", "streamalloc_expandable"))]
+    if own_rows:
+        print()
+        print("streamalloc runs that recorded their own snapshot: the plan of that snapshot against the same run")
+        print(f"{'workload':<17} {'sa plan/real GiB':>17} {'err %':>7} {'sa exp plan/real GiB':>21} {'err %':>7}")
+        for r in own_rows:
+            def own(key):
+                if f"{key}_own_snapshot" not in r:
+                    return "-", "-"
+                planned, real = r[f"{key}_own_plan_peak_reserved"], r[f"{key}_own_real_peak_reserved"]
+                return f"{planned / GiB:.3f}/{real / GiB:.3f}", f"{r[f'{key}_own_plan_error_pct']:+.2f}"
+            sa, sa_err = own("streamalloc")
+            sx, sx_err = own("streamalloc_expandable")
+            print(f"{r['workload']:<17} {sa:>17} {sa_err:>7} {sx:>21} {sx_err:>7}")
     print()
     print("bench traces (no segment events, no completion points; peak reserved from their header;"
           " validated through the snapshot named)")

@@ -17,8 +17,11 @@ Workloads, each run in a fresh process per allocator so that every allocator sta
                    them). The .trace files hold no completion points; these snapshots do.
 Allocators: "pytorch" (PyTorch's allocator, with _record_memory_history and _dump_snapshot, plus
 torch.cuda.max_memory_reserved()), "streamalloc" and "streamalloc_expandable" (streamalloc.enable(),
-peaks from streamalloc.stats()). gpt2_expandable is run under PyTorch's allocator only: its streamalloc
-counterparts are gpt2's. Writes DIR/<workload>.pickle.xz (the snapshot, xz) and DIR/recorded.json, which
+peaks from streamalloc.stats()), and with --streamalloc-snapshots also "streamalloc_recorded" and
+"streamalloc_expandable_recorded": streamalloc runs that record their own snapshot
+(DIR/<workload>.<allocator>.pickle.xz) with their peaks, so that a plan of streamalloc can be compared with
+a streamalloc run on that run's own timing. gpt2_expandable is run under PyTorch's allocator only: its
+streamalloc counterparts are gpt2's. Writes DIR/<workload>.pickle.xz (the snapshot, xz) and DIR/recorded.json, which
 keeps the records of DIR/recorded.json of the workloads not recorded in this run.
 """
 
@@ -124,13 +127,13 @@ def run_child(workload, allocator, out_dir, dry_run):
     if allocator.startswith("streamalloc") and not dry_run:
         import streamalloc
 
-        streamalloc.enable(expandable_segments=allocator == "streamalloc_expandable")
+        streamalloc.enable(expandable_segments=allocator.startswith("streamalloc_expandable"))
     import torch
 
     device = "cpu" if dry_run else "cuda"
     if not dry_run and not torch.cuda.is_available():
         sys.exit("record_snapshots: no CUDA device; run on a GPU machine, or pass --dry-run")
-    record = allocator == "pytorch" and not dry_run
+    record = (allocator == "pytorch" or allocator.endswith("_recorded")) and not dry_run
     if record:
         torch.cuda.memory._record_memory_history(max_entries=HISTORY_ENTRIES, context=None, stacks="python")
     started = time.time()
@@ -142,13 +145,22 @@ def run_child(workload, allocator, out_dir, dry_run):
     if dry_run:
         return out
     torch.cuda.synchronize()
-    if record:
+    if allocator == "pytorch":
         out["max_memory_reserved"] = torch.cuda.max_memory_reserved()
         out["max_memory_allocated"] = torch.cuda.max_memory_allocated()
         out["num_device_alloc"] = torch.cuda.memory_stats().get("num_device_alloc", -1)
+    else:
+        import streamalloc
+
+        stats = streamalloc.stats()["memory_stats"]
+        out["max_memory_reserved"] = stats["reserved_bytes.all.peak"]
+        out["max_memory_allocated"] = stats["allocated_bytes.all.peak"]
+        out["num_device_alloc"] = stats.get("num_device_alloc", -1)
+    if record:
         snapshot = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)
-        path = os.path.join(out_dir, f"{workload}.pickle.xz")
+        name = workload if allocator == "pytorch" else f"{workload}.{allocator}"
+        path = os.path.join(out_dir, f"{name}.pickle.xz")
         import pickle
 
         with lzma.open(path, "wb", preset=9) as f:
@@ -157,13 +169,6 @@ def run_child(workload, allocator, out_dir, dry_run):
         out["trace_entries"] = sum(len(t) for t in snapshot.get("device_traces", []))
         out["gpu"] = torch.cuda.get_device_name()
         out["torch"] = torch.__version__
-    else:
-        import streamalloc
-
-        stats = streamalloc.stats()["memory_stats"]
-        out["max_memory_reserved"] = stats["reserved_bytes.all.peak"]
-        out["max_memory_allocated"] = stats["allocated_bytes.all.peak"]
-        out["num_device_alloc"] = stats.get("num_device_alloc", -1)
     return out
 
 
@@ -184,6 +189,8 @@ def main():
     parser.add_argument("--only", default=",".join(DEFAULT_WORKLOADS),
                         help=f"comma-separated, of {', '.join(WORKLOADS)} (default: %(default)s)")
     parser.add_argument("--dry-run", action="store_true", help="run the workloads on the CPU, tiny, nothing recorded")
+    parser.add_argument("--streamalloc-snapshots", action="store_true",
+                        help="also run streamalloc recording its own snapshot (the *_recorded allocators)")
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "ALLOCATOR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -196,6 +203,8 @@ def main():
             sys.exit(f"record_snapshots: unknown workload {workload!r} (known: {', '.join(WORKLOADS)})")
         allocators = ["pytorch"] if workload == "gpt2_expandable" else ["pytorch", "streamalloc",
                                                                           "streamalloc_expandable"]
+        if args.streamalloc_snapshots and workload != "gpt2_expandable":
+            allocators += ["streamalloc_recorded", "streamalloc_expandable_recorded"]
         for allocator in allocators:
             cmd = [sys.executable, os.path.abspath(__file__), "--out-dir", args.out_dir, "--child", workload, allocator]
             if args.dry_run:
