@@ -7,7 +7,7 @@
 //
 // Locking (docs/design.md, "Locking"): each stream's Shard has its own lock. The common path, an allocation
 // served from the stream's hot list and a free of a block without other uses back to it, takes that shard
-// lock alone (device_cache_shards.cpp). Everything else takes the device lock and then the lock of every
+// lock alone (shard.cpp). Everything else takes the device lock and then the lock of every
 // shard it touches, held until it returns (DeviceLock, ShardSet::get). Order: device lock, then shard locks;
 // a fast path holds one shard lock and never waits for the device lock while holding it. The stats the fast
 // path changes are split between the device and the shards (shard_stats.hpp): it writes only its shard.
@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "block.hpp"
+#include "cache_report.hpp"
 #include "cycle_clock.hpp"
 #include "debug_aid.hpp"
 #include "expandable_segments.hpp"
@@ -68,7 +69,7 @@ class DeviceCache {
   // Frees a live block of this device; false (nothing changed) when `ptr` is not live here. `stream`:
   // the free's stream, 0 when unknown; then `look_first` names the stream whose shard is tried first.
   bool deallocate(void* ptr, std::size_t size_hint, Stream stream, Stream look_first = 0);
-  // The common cases alone (the stream's shard, device_cache_shards.cpp): nullptr / false when the
+  // The common cases alone (the stream's shard, shard.cpp): nullptr / false when the
   // call needs allocate / deallocate, with nothing changed. Never throw: nothing on them allocates.
   void* allocate_cached(std::size_t requested, Stream stream) noexcept;
   bool deallocate_cached(void* ptr, std::size_t size_hint, Stream stream, Stream look_first = 0) noexcept;
@@ -153,12 +154,7 @@ class DeviceCache {
     std::uint64_t taken_ = 0;
   };
 
-  // ---- shards (shard_set.hpp; the fast path in device_cache_shards.cpp)
-  // Fast paths: nullptr / false when the call needs the device-locked path (which then decides).
-  void* allocate_hot(Shard& shard, std::size_t requested);
-  bool free_to_shard(Shard& shard, std::uintptr_t address, std::size_t size_hint);
-  // A block taken from `shard`'s hot list becomes live there (its lock held): what both paths do.
-  void reuse_hot(Shard& shard, Block* block, std::size_t requested);
+  // ---- shards (shard_set.hpp; the fast path is the Shard's, shard.cpp)
   // Whether the fast path may run: no debugging aid (the allocation history is one: it records under
   // the device lock), no open route, no use recorded during a capture. Recomputed under the device lock
   // whenever one of these changes.
@@ -166,10 +162,6 @@ class DeviceCache {
     fast_path_.store(aids_ == nullptr && !pools_.has_routes() && !fences_.has_capture_uses(),
                      std::memory_order_relaxed);
   }
-
-  // ---- memory pools (pool_set.hpp, device_cache_pools.cpp)
-  // The last resort of a default-pool allocation: a free block of a pool whose owner allowed it.
-  Block* find_free_in_use_on_oom_pools(SizeClass kind, std::size_t size, Stream stream);
 
   // ---- allocation path (device_cache_allocate.cpp)
   // The best fit (FreeBlocks::best_fit), counted.
@@ -182,15 +174,13 @@ class DeviceCache {
   Block* reserve_fixed_segment(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream);
   Block* hand_out(Block* block, std::size_t requested, Stream stream);  // mark allocated, account
   void* hand_out_hot(Shard& own, Block* hot, std::size_t requested);    // taken from own's hot list
-  Block* take_hot_after_poll(Shard& own, const MemoryPool& pool, std::size_t size);
-  [[noreturn]] void throw_larger_than_device(std::size_t requested, Stream stream);
-  [[noreturn]] void throw_out_of_memory(std::size_t requested, std::size_t size, Stream stream);
+  // Counts it (but a request past any device), tells the aids, throws (CacheReport::out_of_memory).
+  [[noreturn]] void throw_out_of_memory(std::size_t requested, Stream stream);
 
   // ---- free path (device_cache_free.cpp)
   // A live block, checked, its shard locked: back to its owner stream (its hot list while its batch is
   // open, else the free lists), or pending when it has other uses.
   void free_live(Block* block);
-  void park_hot(Shard& owner, Block* block);  // free, in its owner's open batch: into the hot list
   // FenceEngine::Parts::release: every fence of a pending block has completed (at `now`). It is parked
   // in its owner's hot list while a fence pass or poll runs and the list has room (docs/design.md,
   // "Fences: batching and pipelining"), else it enters the free lists.
@@ -226,14 +216,6 @@ class DeviceCache {
   void refresh_split(Block* block);                  // after a neighbour of it came or went
   void validate_expandable(const Segment* segment) const;
 
-  // ---- stats (device_cache_stats.cpp; the ledger is stats_ledger.hpp, the fast path's part
-  // device_cache_shards.cpp)
-  std::int64_t allocated_bytes_now() const;  // device-locked; locks every shard
-
-  // ---- reports (device_cache_report.cpp)
-  BlockInfo describe(const Block* block, Clock::time_point now) const;
-  [[noreturn]] void throw_bad_free(const void* ptr, const char* what) const;
-
   const int device_;
   const Options& options_;
   Backend& backend_;
@@ -252,10 +234,11 @@ class DeviceCache {
 
   SegmentSource segments_;
   PoolSet pools_;
-  FenceEngine fences_;  // events, capture uses, the pacing of fence passes
   // The device's stats and headroom, and the device lock's times (it records them under the lock).
   StatsLedger ledger_;
   FreeBlocks free_;                // the rules that move blocks into and out of the pools' free lists
+  FenceEngine fences_;             // events, capture uses, the fence passes and their pacing
+  const CacheReport report_;       // the read-only reports
   ExpandableSegments expandable_;  // on or off, page size, the segment each (stream, size class) grows
   // Last: the debugging aids, out of the way of the fields the hot path reads. Null when all are off.
   std::unique_ptr<DebugAids> aids_;
@@ -264,7 +247,7 @@ class DeviceCache {
 inline void* DeviceCache::allocate_cached(std::size_t requested, Stream stream) noexcept {
   // The stream's own hot list, under its shard lock alone.
   if (fast_path_.load(std::memory_order_relaxed)) {
-    if (Shard* shard = shards_.find_published(stream)) return allocate_hot(*shard, requested);
+    if (Shard* shard = shards_.find_published(stream)) return shard->allocate_hot(requested, options_, device_total_);
   }
   return nullptr;
 }
@@ -276,7 +259,7 @@ inline bool DeviceCache::deallocate_cached(void* ptr, std::size_t size_hint, Str
   const Stream shard_stream = stream_hint != 0 ? stream_hint : look_first;
   if (fast_path_.load(std::memory_order_relaxed)) {
     if (Shard* shard = shards_.find_published(shard_stream)) {
-      return free_to_shard(*shard, reinterpret_cast<std::uintptr_t>(ptr), size_hint);
+      return shard->free_to_hot(reinterpret_cast<std::uintptr_t>(ptr), size_hint, options_, &pools_.default_pool());
     }
   }
   return false;

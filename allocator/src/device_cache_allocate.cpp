@@ -19,37 +19,11 @@
 
 namespace streamalloc {
 
-namespace {
-// PyTorch refuses requests of 1 EiB and more before anything else ("more than 1EB"); below that,
-// rounding cannot overflow.
-constexpr std::size_t kMaxRequest = (std::size_t{1} << 60) - 1;
-
-// The first sentences of PyTorch's out-of-memory error (c10/cuda/CUDACachingAllocator.cpp), in its
-// units (format_size), so that people and tools that read PyTorch's OOM errors read these alike.
-// `tried`: the device allocation that failed, as PyTorch reports it (the segment size, not the
-// request). PyTorch's per-process usage from NVML ("Process N has X memory in use.") is left out, as
-// PyTorch leaves it out where NVML is missing. Under the CUDA backend the text starts with PyTorch's
-// "CUDA out of memory."; the plugin turns "by streamalloc" into PyTorch's "by PyTorch".
-std::string out_of_memory_head(const std::string& backend, int device, std::size_t tried, const DeviceMemoryInfo& info,
-                               double fraction, std::size_t cap, std::size_t allocated, std::size_t reserved) {
-  std::string head =
-      fmt::format("{} out of memory. Tried to allocate {}. GPU {} has a total capacity of {} of which {} is free. ",
-                  backend == "cuda" ? "CUDA" : "Simulated device", format_size(tried), device,
-                  format_size(info.total_bytes), format_size(info.free_bytes));
-  if (fraction < 1.0) head += format_size(cap) + " allowed; ";
-  head += fmt::format(
-      "Of the allocated memory {} is allocated by streamalloc, and {} is reserved by streamalloc but "
-      "unallocated.",
-      format_size(allocated), format_size(reserved > allocated ? reserved - allocated : 0));
-  return head;
-}
-}  // namespace
-
 void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
   DeviceLock lock(*this);
   ledger_.count(&DeviceStats::allocations_device_locked);
   note_device_total();
-  if (requested > kMaxRequest || requested > device_total_) throw_larger_than_device(requested, stream);
+  if (requested > size_policy::kMaxRequest || requested > device_total_) throw_out_of_memory(requested, stream);
   Shard& own = shards_.get(stream);  // first sight of a stream checks that it belongs to this device
   ++own.counts.allocations_device_locked;
   MemoryPool& pool = pools_.pool_for(stream);
@@ -66,6 +40,12 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
     // (docs/design.md, "Expandable segments", "Packing").
     if (kind == SizeClass::kLarge || grows_expandable(pool)) free_.flush_hot(own, 0);
   }
+  // A poll on the allocation path parks the blocks it releases in their allocation streams' hot lists
+  // (DeviceCache::release_pending): the allocating stream's may serve it.
+  const auto take_hot_after_poll = [&]() -> Block* {
+    if (!pools_.is_default(&pool) || !own.has_hot()) return nullptr;
+    return own.take_hot(size);
+  };
   // While blocks are pending, their fences may have completed since the last pass (a host sync, or
   // time): PyTorch's allocator polls its events on every allocation, so after a sync it hands a
   // pending block back even when a larger cached block could serve. The cache polls before the best
@@ -76,7 +56,7 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
     if (fences_.start_pending_poll(now)) {
       const FenceEngine::Parking parking(fences_);
       fences_.poll(/*close_batches=*/false);
-      if (Block* hot = take_hot_after_poll(own, pool, size)) return hand_out_hot(own, hot, requested);
+      if (Block* hot = take_hot_after_poll()) return hand_out_hot(own, hot, requested);
     }
   }
 
@@ -92,7 +72,7 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
       const FenceEngine::Parking parking(fences_);
       fences_.close_batches_and_poll(&own, FenceEngine::HotLists::kThisThreads);
     }
-    if (Block* hot = take_hot_after_poll(own, pool, size)) return hand_out_hot(own, hot, requested);
+    if (Block* hot = take_hot_after_poll()) return hand_out_hot(own, hot, requested);
     block = find_free(pool, kind, size, stream);
     if (block == nullptr && kind == SizeClass::kSmall) {
       block = reserve_segment(pool, kind, size, stream);
@@ -116,23 +96,19 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
       release_free_segments(SIZE_MAX);
       block = reserve_segment(pool, kind, size, stream);
     }
-    if (block == nullptr && pools_.is_default(&pool)) block = find_free_in_use_on_oom_pools(kind, size, stream);
+    // The last resort of a default-pool allocation: a free block of a pool whose owner allowed it.
+    if (block == nullptr && pools_.is_default(&pool)) {
+      block = pools_.find_in_use_on_oom([&](MemoryPool& other) { return find_free(other, kind, size, stream); });
+    }
   }
-  if (block == nullptr) throw_out_of_memory(requested, size, stream);
+  if (block == nullptr) throw_out_of_memory(requested, stream);
   own.thread = this_thread_token();
   return reinterpret_cast<void*>(hand_out(free_.take(block, size), requested, stream)->address);
 }
 
-// A poll on the allocation path parks the blocks it releases in their allocation streams' hot lists
-// (DeviceCache::release_pending): the allocating stream's may serve it.
-Block* DeviceCache::take_hot_after_poll(Shard& own, const MemoryPool& pool, std::size_t size) {
-  if (!pools_.is_default(&pool) || own.hot_count.load(std::memory_order_relaxed) == 0) return nullptr;
-  return own.take_hot(size);
-}
-
 void* DeviceCache::hand_out_hot(Shard& own, Block* hot, std::size_t requested) {
   ledger_.give_headroom_for_unpark(own.stats, hot, requested);
-  reuse_hot(own, hot, requested);
+  own.reuse_hot(hot, requested);
   if (size_policy::is_oversize(hot->size, options_)) ledger_.increase(&DeviceStats::oversize_allocations, 1);
   if (aids_ != nullptr) aids_->on_allocate(*hot);
   own.thread = this_thread_token();
@@ -197,7 +173,7 @@ Block* DeviceCache::hand_out(Block* block, std::size_t requested, Stream stream)
   block->fences_left = 0;
   block->since = coarse_now();
   Shard& shard = shards_.get(stream);
-  shard.live.insert(block->address, block);
+  shard.add_live(block);
   shards_.enter(block);
   ledger_.account_allocated(shard.stats, block, requested);
   if (size_policy::is_oversize(block->size, options_)) ledger_.increase(&DeviceStats::oversize_allocations, 1);
@@ -205,69 +181,22 @@ Block* DeviceCache::hand_out(Block* block, std::size_t requested, Stream stream)
   return block;
 }
 
-void DeviceCache::throw_larger_than_device(std::size_t requested, Stream stream) {
-  std::string msg;
-  if (requested > kMaxRequest) {
-    // PyTorch's words for a size no device has; like PyTorch, not counted in num_ooms.
-    msg = fmt::format(
-        "{} out of memory. Tried to allocate more than 1EB memory. streamalloc: {} bytes requested "
-        "on device {}; check the size computation of this tensor.",
-        backend_.name() == "cuda" ? "CUDA" : "Simulated device", requested, device_);
-  } else {
+void DeviceCache::throw_out_of_memory(std::size_t requested, Stream stream) {
+  // Past any device PyTorch's words alone, not counted in num_ooms (as PyTorch's).
+  const bool beyond_any_device = requested > size_policy::kMaxRequest;
+  const std::size_t size = beyond_any_device ? 0 : size_policy::round_size(requested, options_);
+  DeviceMemoryInfo info;
+  if (!beyond_any_device) {
     ledger_.count(&DeviceStats::num_ooms);
-    const std::size_t size = size_policy::round_size(requested, options_);
-    const DeviceMemoryInfo info = backend_.memory_info(device_);
-    msg = out_of_memory_head(backend_.name(), device_, size_policy::segment_size_for(size), info, memory_fraction_,
-                             memory_cap(), static_cast<std::size_t>(allocated_bytes_now()), segments_.reserved_bytes());
-    msg += fmt::format(
-        " streamalloc ({}): the request of {} bytes is larger than the device's total memory of {}; nothing was "
-        "flushed. Check the size computation of this tensor.",
-        backend_.name(), requested, format_size(device_total_));
-    if (aids_ != nullptr) aids_->on_out_of_memory_request(info.free_bytes, size, stream, pools_.pool_for(stream).id);
+    info = backend_.memory_info(device_);
+  }
+  const std::string msg =
+      report_.out_of_memory(requested, size, stream, info, memory_fraction_, memory_cap(), device_total_);
+  if (aids_ != nullptr && !beyond_any_device) {
+    aids_->on_out_of_memory_request(info.free_bytes, size, stream, pools_.pool_for(stream).id);
   }
   if (aids_ != nullptr) aids_->on_out_of_memory(msg);
-  throw Error(ErrorCode::kOutOfMemory, msg);
-}
-
-void DeviceCache::throw_out_of_memory(std::size_t requested, std::size_t size, Stream stream) {
-  ledger_.count(&DeviceStats::num_ooms);
-  const DeviceMemoryInfo info = backend_.memory_info(device_);
-  std::size_t cached_free = 0;
-  pools_.default_pool().free.for_each([&](const Block* b) { cached_free += b->size; });
-  for (const auto& [id, pool] : pools_.private_pools())
-    pool->free.for_each([&](const Block* b) { cached_free += b->size; });
-  std::string msg =
-      out_of_memory_head(backend_.name(), device_, size_policy::segment_size_for(size), info, memory_fraction_,
-                         memory_cap(), static_cast<std::size_t>(allocated_bytes_now()), segments_.reserved_bytes());
-  msg += fmt::format(
-      " streamalloc ({}): request of {} ({} rounded) on stream {:#x}; {} reserved, {} cached free, {} pending in "
-      "{} block(s)",
-      backend_.name(), format_size(requested), format_size(size), stream, format_size(segments_.reserved_bytes()),
-      format_size(cached_free), format_size(static_cast<std::size_t>(ledger_.stats().pending_bytes.current)),
-      ledger_.stats().pending_blocks.current);
-  if (memory_fraction_ < 1.0) {
-    msg += fmt::format("; memory fraction cap {} = {}", memory_fraction_, format_size(memory_cap()));
-  }
-  msg += ".";
-  std::vector<std::pair<std::int64_t, Stream>> holders;
-  for (const auto& [s, state] : shards_) {
-    const std::int64_t pending = state->fences.pending_stats().pending_bytes.current;
-    if (pending > 0) holders.emplace_back(pending, s);
-  }
-  std::sort(holders.rbegin(), holders.rend());
-  if (!holders.empty()) {
-    msg += " Largest pending holders (streams whose fences hold freed blocks):";
-    for (std::size_t i = 0; i < holders.size() && i < 3; ++i) {
-      msg += fmt::format(" stream {:#x} holds {};", holders[i].second,
-                         format_size(static_cast<std::size_t>(holders[i].first)));
-    }
-  }
-  if (aids_ != nullptr) aids_->on_out_of_memory_request(info.free_bytes, size, stream, pools_.pool_for(stream).id);
-  msg +=
-      " What to do: free tensors you no longer need, lower the batch size, or, if reserved but unallocated "
-      "memory is large, set STREAMALLOC_CONF=max_split_size_mb:N to reduce fragmentation.";
-  if (aids_ != nullptr) aids_->on_out_of_memory(msg);
-  log().debug("{}", msg);
+  if (!beyond_any_device && requested <= device_total_) log().debug("{}", msg);
   throw Error(ErrorCode::kOutOfMemory, msg);
 }
 

@@ -4,7 +4,6 @@
 // every live block of the pool, waits for every fence (so each of the pool's segments is one settled
 // free block), then splits the checkpoint's segments as saved and hands out the saved live blocks.
 #include <algorithm>
-#include <set>
 
 #include <spdlog/fmt/fmt.h>
 
@@ -23,29 +22,7 @@ namespace {
 PoolCheckpoint DeviceCache::checkpoint_pool(PoolId pool) const {
   DeviceLock lock(*this);
   shards_.lock_all();
-  const MemoryPool& target = const_cast<PoolSet&>(pools_).private_pool(pool, "checkpoint_pool");
-  PoolCheckpoint checkpoint;
-  checkpoint.device = device_;
-  checkpoint.pool = pool;
-  segments_.for_each([&](const Segment* segment) {
-    if (segment->owner != &target) return;
-    SegmentLayout layout;
-    layout.address = segment->address;
-    layout.size = segment->size;
-    for (const Block* b = segment->head; b != nullptr; b = b->next) {
-      BlockLayout block;
-      block.address = b->address;
-      block.size = b->size;
-      block.allocated = b->state == BlockState::kAllocated;
-      if (block.allocated) {
-        block.requested = b->requested;
-        block.stream = b->stream;
-      }
-      layout.blocks.push_back(block);
-    }
-    checkpoint.segments.push_back(std::move(layout));
-  });
-  return checkpoint;
+  return report_.checkpoint(pool, const_cast<PoolSet&>(pools_).private_pool(pool, "checkpoint_pool"));
 }
 
 PoolRestore DeviceCache::restore_pool(const PoolCheckpoint& checkpoint) {
@@ -130,18 +107,7 @@ bool DeviceCache::pool_live_blocks_are(PoolId pool, const std::vector<const void
   shards_.lock_all();
   const MemoryPool* target = pools_.find(pool);
   if (target == nullptr) return expected.empty();
-  const std::set<const void*> wanted(expected.begin(), expected.end());
-  std::size_t live = 0;
-  bool all_expected = true;
-  segments_.for_each([&](const Segment* segment) {
-    if (segment->owner != target) return;
-    for (const Block* b = segment->head; b != nullptr; b = b->next) {
-      if (b->state != BlockState::kAllocated) continue;
-      ++live;
-      all_expected = all_expected && wanted.count(reinterpret_cast<const void*>(b->address)) != 0;
-    }
-  });
-  return all_expected && live == wanted.size();
+  return report_.live_blocks_are(*target, expected);
 }
 
 }  // namespace streamalloc

@@ -40,9 +40,9 @@ void DeviceCache::release_pending(Block* block, Clock::time_point now) {
   block->recorded_streams.clear();
   if (fences_.parks_released() && (aids_ == nullptr || !aids_->beyond_history()) &&
       pools_.is_default(block->segment->owner) && block->segment->size_class == SizeClass::kSmall &&
-      !grows_expandable(pools_.default_pool()) && owner.hot.size() < Shard::kHotBlocks &&
+      !grows_expandable(pools_.default_pool()) && !owner.hot_full() &&
       owner.fences.completed_seq() < block->settle_seq) {
-    park_hot(owner, block);
+    free_.park_hot(owner, block);
     return;
   }
   free_.make_available(block, aids_.get());

@@ -11,7 +11,7 @@ namespace streamalloc {
 void DeviceCache::reject_free(const void* ptr) {
   DeviceLock lock(*this);
   ledger_.count(&DeviceStats::invalid_frees);
-  throw_bad_free(ptr, "free");
+  report_.throw_bad_free(ptr, "free");
 }
 
 bool DeviceCache::deallocate_locked(std::uintptr_t address, std::size_t size_hint, Stream stream_hint) {
@@ -45,7 +45,7 @@ bool DeviceCache::deallocate_locked(std::uintptr_t address, std::size_t size_hin
 void DeviceCache::free_live(Block* block) {
   if (fences_.has_capture_uses()) fences_.drop_ended_capture_uses();
   Shard& owner = shards_.get(block->stream);
-  owner.live.erase(block->address);
+  owner.erase_live(block);
   shards_.leave(block);
   // A free with uses returns its headroom to its stream's shard (account_freed says why).
   ledger_.account_freed(block, block->recorded_streams.empty() ? nullptr : &owner.stats);
@@ -68,8 +68,8 @@ void DeviceCache::free_live(Block* block) {
   // Private pools keep no hot list: their blocks go back to their own pool's free lists.
   if ((aids_ == nullptr || !aids_->holds_blocks()) && pools_.is_default(block->segment->owner) &&
       owner.fences.completed_seq() < block->settle_seq) {
-    park_hot(owner, block);
-    if (owner.hot.size() > Shard::kHotBlocks) free_.flush_hot(owner, Shard::kHotBlocks / 2);
+    free_.park_hot(owner, block);
+    if (owner.hot_over()) free_.flush_hot(owner, Shard::kHotBlocks / 2);
     return;
   }
   free_.make_available(block, aids_.get());
@@ -105,15 +105,6 @@ void DeviceCache::record_stream_not_live(const void* ptr, Stream stream) {
   const bool ours = segments_.containing(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
   aids_->on_ignored_record_stream(ours ? IgnoredRecordStream::kAlreadyFreed : IgnoredRecordStream::kForeignPointer, ptr,
                                   stream);
-}
-
-void DeviceCache::park_hot(Shard& owner, Block* block) {
-  block->hot = true;
-  shards_.enter(block);
-  // From the owner's headroom first: its fast path's unpark returned it there.
-  ledger_.count_inactive_split(block, block->is_split(), &owner.stats);
-  owner.hot.push_back(block);
-  owner.publish_hot();
 }
 
 }  // namespace streamalloc

@@ -36,9 +36,4 @@ void DeviceCache::reset_accumulated_stats() {
   ledger_.reset_accumulated(shards_);
 }
 
-std::int64_t DeviceCache::allocated_bytes_now() const {
-  shards_.lock_all();
-  return ledger_.with_shards(shards_).allocated_bytes[0].current;
-}
-
 }  // namespace streamalloc

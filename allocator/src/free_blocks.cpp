@@ -74,6 +74,13 @@ void FreeBlocks::enter_after_hold(const std::vector<Block*>& released) {
   }
 }
 
+void FreeBlocks::park_hot(Shard& owner, Block* block) {
+  shards_.enter(block);
+  // From the owner's headroom first: its fast path's unpark returned it there.
+  ledger_.count_inactive_split(block, block->is_split(), &owner.stats);
+  owner.push_hot(block);
+}
+
 void FreeBlocks::flush_hot(Shard& shard, std::size_t keep) {
   auto& hot = shard.hot;
   if (hot.size() > keep) {
@@ -109,8 +116,8 @@ void FreeBlocks::flush_all_hot() {
 
 void FreeBlocks::flush_thread_hot(std::uintptr_t thread) {
   for (auto& [stream, shard] : shards_) {
-    // `hot_count` rather than the list itself: the list is the shard lock's, taken only where it flushes.
-    if (shard->thread != thread || shard->hot_count.load(std::memory_order_relaxed) == 0) continue;
+    // has_hot() rather than the list itself: the list is the shard lock's, taken only where it flushes.
+    if (shard->thread != thread || !shard->has_hot()) continue;
     shards_.lock(*shard);
     flush_hot(*shard, 0);
   }

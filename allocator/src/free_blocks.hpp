@@ -46,7 +46,9 @@ class FreeBlocks {
   void make_available(Block* block, DebugAids* aids);
   void release_held(DebugAids* aids);  // every held block enters the lists
 
-  // ---- the hot lists' blocks join the lists
+  // ---- hot blocks: `block`, free in its owner's open batch, goes to `owner`'s hot list (locked);
+  // flushes move hot blocks into the lists
+  void park_hot(Shard& owner, Block* block);
   void flush_hot(Shard& shard, std::size_t keep);  // all but the `keep` newest
   void flush_all_hot();
   void flush_thread_hot(std::uintptr_t thread);  // of the streams whose last device-locked call was `thread`'s

@@ -81,4 +81,46 @@ void PoolSet::erase_empty_freeable() {
   }
 }
 
+void PoolSet::release_use(PoolId pool) {
+  MemoryPool& target = private_pool(pool, "release_pool");
+  if (target.use_count == 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("streamalloc: release_pool: memory pool ({}, {}) on device {} has no uses left to release",
+                            pool.first, pool.second, device_));
+  }
+  --target.use_count;
+}
+
+int PoolSet::use_count(PoolId pool) const {
+  const MemoryPool* found = pool.is_default() ? nullptr : find(pool);
+  return found == nullptr ? 0 : found->use_count;
+}
+
+void PoolSet::set_use_on_oom(PoolId pool, bool use_on_oom) {
+  private_pool(pool, "set_pool_use_on_oom").use_on_oom = use_on_oom;
+}
+
+void PoolSet::set_no_split(PoolId pool) { private_pool(pool, "set_pool_no_split").no_split = true; }
+
+void PoolSet::set_segment_allocator(PoolId pool, SegmentAllocator segments) {
+  MemoryPool& found = private_pool(pool, "set_pool_segment_allocator");
+  if (found.segments != 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("streamalloc: set_pool_segment_allocator: memory pool ({}, {}) on device {} already "
+                            "holds {} segment(s) from another source",
+                            pool.first, pool.second, device_, found.segments));
+  }
+  found.segment_allocator = std::make_shared<const SegmentAllocator>(std::move(segments));
+}
+
+PoolInfo PoolSet::info(const MemoryPool& pool) const {
+  PoolInfo info;
+  info.id = pool.id;
+  info.use_count = pool.use_count;
+  info.use_on_oom = pool.use_on_oom;
+  info.no_split = pool.no_split;
+  for (const Route& route : routes_) info.routed = info.routed || route.pool == &pool;
+  return info;
+}
+
 }  // namespace streamalloc

@@ -49,7 +49,25 @@ class PoolSet {
   // A private pool that exists; refuses unknown and default pools, naming `operation`.
   MemoryPool& private_pool(PoolId pool, const char* operation);
   MemoryPool& add_use(PoolId pool);  // a private pool, created with no use if new, gains one
-  void erase_empty_freeable();       // private pools without uses or segments
+  void release_use(PoolId pool);     // a private pool's owner lets go; refuses a pool without uses
+  int use_count(PoolId pool) const;  // 0 for the default pool and unknown pools
+  void set_use_on_oom(PoolId pool, bool use_on_oom);
+  void set_no_split(PoolId pool);
+  // The pool's fixed segments come from `segments` from now on; refuses a pool that holds segments.
+  void set_segment_allocator(PoolId pool, SegmentAllocator segments);
+  void erase_empty_freeable();  // private pools without uses or segments
+  // The first non-null find(pool) over the private pools whose owner allowed the default pool's
+  // allocations to take their free blocks before raising OOM (use_on_oom).
+  template <typename Find>
+  Block* find_in_use_on_oom(Find&& find) {
+    for (const auto& [id, pool] : private_) {
+      if (!pool->use_on_oom) continue;
+      if (Block* block = find(*pool)) return block;
+    }
+    return nullptr;
+  }
+  // What the pool report says of `pool` itself: its id, uses, flags, whether a route leads to it.
+  PoolInfo info(const MemoryPool& pool) const;
 
  private:
   MemoryPool& routed_pool(Stream stream);

@@ -16,6 +16,7 @@
 #include "fence_queue.hpp"
 #include "live_map.hpp"
 #include "shard_stats.hpp"
+#include "streamalloc/options.hpp"
 #include "spin_lock.hpp"
 
 namespace streamalloc {
@@ -39,6 +40,8 @@ class SettleList {
   Block* head_ = nullptr;
   Block* tail_ = nullptr;
 };
+
+struct MemoryPool;
 
 // Which lock guards what (docs/design.md, "Locking"): `lock` guards `hot`, `live` and the blocks in
 // them, and the fence queue's open-batch sequence numbers (the fast path joins the open batch);
@@ -76,6 +79,29 @@ struct alignas(kCacheLine) Shard {
     }
     return nullptr;
   }
+  // ---- the stream's own blocks
+  // The fast path (shard.cpp), under `lock` alone: nullptr / false when the call needs the device-locked
+  // path, with nothing changed. The caller's gate has ruled out debugging aids, routes and capture uses
+  // (DeviceCache::update_fast_path); `device_total`: the device's memory, 0 while unknown.
+  void* allocate_hot(std::size_t requested, const Options& options, const std::atomic<std::size_t>& device_total);
+  // A free of a live block without other uses of `default_pool`, back to the hot list.
+  bool free_to_hot(std::uintptr_t address, std::size_t size_hint, const Options& options,
+                   const MemoryPool* default_pool);
+  // Both paths, `lock` held: `block`, taken from the hot list (take_hot), becomes live here.
+  void reuse_hot(Block* block, std::size_t requested);
+  // Device-locked paths, `lock` held: a block enters or leaves the live table, or becomes hot.
+  void add_live(Block* block) { live.insert(block->address, block); }
+  void erase_live(const Block* block) { live.erase(block->address); }
+  void push_hot(Block* block) {
+    block->hot = true;
+    hot.push_back(block);
+    publish_hot();
+  }
+  // Without the lock: whether the hot list may hold a block (a stale answer only costs a look).
+  bool has_hot() const { return hot_count.load(std::memory_order_relaxed) != 0; }
+  bool hot_full() const { return hot.size() >= kHotBlocks; }
+  bool hot_over() const { return hot.size() > kHotBlocks; }  // a free pushed it past kHotBlocks: flush
+
   LiveMap live;      // the blocks allocated on this stream and not freed yet, by address
   ShardStats stats;  // this shard's part of the fast path's stats, and its headroom
   // Which path this stream's calls took (DeviceStats::per_stream_counts): the fast path writes its
@@ -88,6 +114,35 @@ struct alignas(kCacheLine) Shard {
   // this stream. A miss flushes the hot lists of its own thread's streams before other threads' ones
   // (docs/design.md, "The allocation path").
   std::uintptr_t thread = 0;
+};
+
+#ifndef NDEBUG
+// Debug builds check the lock order: how many shard locks this thread holds on a fast path (the
+// device lock must not be taken then), and which thread holds each cache's device lock (only it may
+// take shard locks through ShardSet::lock).
+inline thread_local int t_fast_path_shard_locks = 0;
+#endif
+
+// A fast path's hold of one shard lock (counted in debug builds, for the lock-order checks).
+class ShardGuard {
+ public:
+  explicit ShardGuard(Shard& shard) : shard_(shard) {
+    shard_.lock.lock();
+#ifndef NDEBUG
+    ++t_fast_path_shard_locks;
+#endif
+  }
+  ~ShardGuard() {
+#ifndef NDEBUG
+    --t_fast_path_shard_locks;
+#endif
+    shard_.lock.unlock();
+  }
+  ShardGuard(const ShardGuard&) = delete;
+  ShardGuard& operator=(const ShardGuard&) = delete;
+
+ private:
+  Shard& shard_;
 };
 
 }  // namespace streamalloc

@@ -27,35 +27,6 @@
 
 namespace streamalloc {
 
-#ifndef NDEBUG
-// Debug builds check the lock order: how many shard locks this thread holds on a fast path (the
-// device lock must not be taken then), and which thread holds each cache's device lock (only it may
-// take shard locks through ShardSet::lock).
-inline thread_local int t_fast_path_shard_locks = 0;
-#endif
-
-// A fast path's hold of one shard lock (counted in debug builds, for the lock-order checks).
-class ShardGuard {
- public:
-  explicit ShardGuard(Shard& shard) : shard_(shard) {
-    shard_.lock.lock();
-#ifndef NDEBUG
-    ++t_fast_path_shard_locks;
-#endif
-  }
-  ~ShardGuard() {
-#ifndef NDEBUG
-    --t_fast_path_shard_locks;
-#endif
-    shard_.lock.unlock();
-  }
-  ShardGuard(const ShardGuard&) = delete;
-  ShardGuard& operator=(const ShardGuard&) = delete;
-
- private:
-  Shard& shard_;
-};
-
 class ShardSet final : public HeadroomDonors {
  public:
   using Map = std::map<Stream, std::unique_ptr<Shard>>;

@@ -15,6 +15,9 @@ inline constexpr std::size_t kLargeSegment = 20 * MiB;    // segment size for re
 inline constexpr std::size_t kMinLargeAlloc = 10 * MiB;   // from here requests get their own segment
 inline constexpr std::size_t kSegmentRounding = 2 * MiB;  // own segments round up to this
 inline constexpr std::size_t kLargeBuffer = 20 * MiB;     // slack tolerated above max_split_size
+// PyTorch refuses requests of 1 EiB and more before anything else ("more than 1EB"); below that,
+// rounding cannot overflow.
+inline constexpr std::size_t kMaxRequest = (std::size_t{1} << 60) - 1;
 
 // Blocks and segments of at least max_split_size are oversize: never split, never carved into smaller
 // requests, counted in oversize_allocations/oversize_segments. The one place that says what oversize is.

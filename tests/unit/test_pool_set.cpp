@@ -2,6 +2,9 @@
 // route whose filter accepts a stream wins, and refused operations change nothing.
 #include <gtest/gtest.h>
 
+#include <vector>
+
+#include "block.hpp"
 #include "pool_set.hpp"
 #include "streamalloc/types.hpp"
 
@@ -50,6 +53,61 @@ TEST(PoolSet, APoolWithoutUsesOrSegmentsIsErased) {
   pools.erase_empty_freeable();
   EXPECT_EQ(pools.find(kMemPool), nullptr);
   EXPECT_EQ(pools.find(PoolId{}), &pools.default_pool());
+}
+
+}  // namespace
+}  // namespace streamalloc
+
+namespace streamalloc {
+namespace {
+
+TEST(PoolSet, OwnersUsesFlagsAndTheReportOfAPool) {
+  PoolSet pools(0, CrossStreamReuse::kSettled);
+  pools.add_use(kGraph);
+  EXPECT_EQ(pools.use_count(kGraph), 1);
+  EXPECT_EQ(pools.use_count(PoolId{}), 0) << "the default pool has no owners";
+  EXPECT_EQ(pools.use_count(kMemPool), 0) << "an unknown pool";
+  pools.set_use_on_oom(kGraph, true);
+  pools.set_no_split(kGraph);
+  pools.open_route(kGraph, [](Stream) { return true; });
+  PoolInfo info = pools.info(*pools.find(kGraph));
+  EXPECT_EQ(info.id, kGraph);
+  EXPECT_EQ(info.use_count, 2) << "the owner's and the route's";
+  EXPECT_TRUE(info.use_on_oom);
+  EXPECT_TRUE(info.no_split);
+  EXPECT_TRUE(info.routed);
+  EXPECT_FALSE(pools.info(pools.default_pool()).routed);
+  pools.close_route(kGraph);
+  pools.release_use(kGraph);
+  pools.release_use(kGraph);
+  EXPECT_THROW(pools.release_use(kGraph), Error) << "no uses left";
+  EXPECT_EQ(pools.use_count(kGraph), 0);
+  EXPECT_THROW(pools.set_no_split(PoolId{}), Error);
+}
+
+TEST(PoolSet, ASegmentAllocatorOnlyForAPoolWithoutSegmentsAndOomPoolsOnlyWhenAllowed) {
+  PoolSet pools(0, CrossStreamReuse::kSettled);
+  pools.add_use(kGraph);
+  pools.add_use(kMemPool);
+  const SegmentAllocator allocator{[](int, std::size_t) -> void* { return nullptr; }, [](int, void*, std::size_t) {}};
+  pools.find(kGraph)->segments = 1;
+  EXPECT_THROW(pools.set_segment_allocator(kGraph, allocator), Error);
+  EXPECT_EQ(pools.find(kGraph)->segment_allocator, nullptr) << "refused: nothing changed";
+  pools.find(kGraph)->segments = 0;
+  pools.set_segment_allocator(kGraph, allocator);
+  EXPECT_NE(pools.find(kGraph)->segment_allocator, nullptr);
+
+  Block block;
+  std::vector<PoolId> asked;
+  const auto find = [&](MemoryPool& pool) -> Block* {
+    asked.push_back(pool.id);
+    return pool.id == kMemPool ? &block : nullptr;
+  };
+  EXPECT_EQ(pools.find_in_use_on_oom(find), nullptr) << "no pool allowed it";
+  pools.set_use_on_oom(kGraph, true);
+  pools.set_use_on_oom(kMemPool, true);
+  EXPECT_EQ(pools.find_in_use_on_oom(find), &block);
+  EXPECT_EQ(asked, (std::vector<PoolId>{kGraph, kMemPool}));
 }
 
 }  // namespace

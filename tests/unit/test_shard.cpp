@@ -1,0 +1,78 @@
+// Shard on its own (shard.hpp): the stream's own blocks. The fast path takes a hot block back and puts
+// a freed block of the default pool without other uses in the hot list, under the shard lock alone, and
+// leaves everything else (an empty list, an unknown device size, other uses, a private pool, a full
+// list, too little headroom) to the device-locked path with nothing changed.
+#include <gtest/gtest.h>
+
+#include <atomic>
+
+#include "cache_parts.hpp"
+#include "shard.hpp"
+
+namespace streamalloc {
+namespace {
+
+using test::CacheParts;
+
+constexpr std::size_t kTotal = std::size_t{1} << 34;
+
+// A live block of `shard`'s stream in the default pool, and headroom enough for the fast path.
+Block* live_block(CacheParts& parts, Shard& shard, std::uintptr_t address) {
+  Segment& segment = parts.tiled(SizeClass::kSmall, address, {{4096, shard.stream()}, {4096, shard.stream()}});
+  Block* block = segment.head;
+  block->state = BlockState::kAllocated;
+  block->requested = 4000;
+  block->in_shard = true;
+  shard.add_live(block);
+  for (auto& room : shard.stats.headroom) room.fill(1 << 20);
+  return block;
+}
+
+TEST(Shard, TheFastPathPutsAFreedBlockInTheHotListAndTakesItBack) {
+  CacheParts parts;
+  Shard shard(parts.sim.create_stream(0));
+  const std::atomic<std::size_t> total{kTotal};
+  Block* block = live_block(parts, shard, 0x200000);
+  EXPECT_EQ(shard.allocate_hot(4000, parts.options, total), nullptr) << "an empty hot list";
+  EXPECT_FALSE(shard.free_to_hot(block->address, 4096, parts.options, &parts.pool)) << "the wrong size";
+  ASSERT_TRUE(shard.free_to_hot(block->address, 0, parts.options, &parts.pool));
+  EXPECT_TRUE(block->hot);
+  EXPECT_EQ(block->state, BlockState::kFree);
+  EXPECT_TRUE(shard.has_hot());
+  EXPECT_EQ(shard.live.find(block->address), nullptr);
+  EXPECT_EQ(shard.counts.frees_cached, 1);
+
+  const std::atomic<std::size_t> unknown{0};
+  EXPECT_EQ(shard.allocate_hot(4000, parts.options, unknown), nullptr) << "the device's size is not known yet";
+  EXPECT_EQ(shard.allocate_hot(8192, parts.options, total), nullptr) << "no hot block of that size";
+  EXPECT_EQ(shard.allocate_hot(4000, parts.options, total), reinterpret_cast<void*>(block->address));
+  EXPECT_FALSE(block->hot);
+  EXPECT_EQ(block->state, BlockState::kAllocated);
+  EXPECT_EQ(block->requested, 4000u);
+  EXPECT_EQ(shard.live.find(block->address), block);
+  EXPECT_FALSE(shard.has_hot());
+  EXPECT_EQ(shard.counts.allocations_cached, 1);
+  shard.erase_live(block);
+}
+
+TEST(Shard, TheFastPathLeavesOtherUsesPrivatePoolsAndAFullListToTheDeviceLock) {
+  CacheParts parts;
+  Shard shard(parts.sim.create_stream(0));
+  Block* block = live_block(parts, shard, 0x200000);
+  block->recorded_streams = {0x99};
+  EXPECT_FALSE(shard.free_to_hot(block->address, 0, parts.options, &parts.pool)) << "a block with other uses";
+  block->recorded_streams.clear();
+  MemoryPool other(PoolId{1, 1}, CrossStreamReuse::kSettled);
+  EXPECT_FALSE(shard.free_to_hot(block->address, 0, parts.options, &other)) << "not the default pool's block";
+  EXPECT_EQ(shard.live.find(block->address), block) << "nothing changed";
+  EXPECT_FALSE(block->hot);
+
+  Segment& segment = parts.tiled(SizeClass::kSmall, 0x400000, {{512, 0}});
+  while (!shard.hot_full()) shard.push_hot(segment.head);
+  EXPECT_FALSE(shard.free_to_hot(block->address, 0, parts.options, &parts.pool)) << "a full hot list";
+  EXPECT_EQ(shard.live.find(block->address), block);
+  shard.erase_live(block);
+}
+
+}  // namespace
+}  // namespace streamalloc
