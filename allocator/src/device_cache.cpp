@@ -23,6 +23,8 @@ DeviceCache::DeviceCache(int device, const Options& options, Backend& backend, s
                                  [this](Block* block, Clock::time_point now) { release_pending(block, now); },
                                  [this] { update_fast_path(); }}),
       report_(device, options, backend, segments_, pools_, shards_, ledger_),
+      expandable_(ExpandableSegments::Parts{segments_, pools_.default_pool(), shards_, ledger_, free_, aids_, options,
+                                            device_total_}),
       aids_(std::move(aids)) {
   ledger_.set_max_split_size(
       options.max_split_size_bytes == 0 ? -1 : static_cast<std::int64_t>(options.max_split_size_bytes));

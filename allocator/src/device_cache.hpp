@@ -171,7 +171,6 @@ class DeviceCache {
   Block* find_free_packed(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream);
   // A new segment, or more pages of an expandable one, holding a free block of at least `size` bytes.
   Block* reserve_segment(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream);
-  Block* reserve_fixed_segment(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream);
   Block* hand_out(Block* block, std::size_t requested, Stream stream);  // mark allocated, account
   void* hand_out_hot(Shard& own, Block* hot, std::size_t requested);    // taken from own's hot list
   // Counts it (but a request past any device), tells the aids, throws (CacheReport::out_of_memory).
@@ -198,24 +197,6 @@ class DeviceCache {
     }
   }
 
-  // ---- expandable segments (device_cache_expandable.cpp; docs/design.md, "Expandable segments")
-  // Whether an allocation from `pool` that no cached block serves grows an expandable segment.
-  bool grows_expandable(const MemoryPool& pool) const { return expandable_.on() && pools_.is_default(&pool); }
-  // Grows the segment of (stream, kind) at its end by whole pages, mapped as one physical allocation
-  // (near the cap: in pieces of up to 20 MiB, large, or one page, small), or starts one, so that a
-  // free block of at least `size` bytes that `stream` may take is in the free lists; returns it, or
-  // nullptr when the memory cap or the device refuses (nothing stays mapped for it then).
-  Block* grow_expandable(SizeClass kind, std::size_t size, Stream stream);
-  // Whether a growth of `growth` bytes takes the mapped bytes past half of memory_cap(): then it maps
-  // in pieces that the OOM path can give back one by one, else as one physical allocation.
-  bool near_cap(std::size_t growth) const;
-  // Unmaps the whole pieces (physical allocations) inside the free blocks of an expandable segment;
-  // releases the segment when none stays mapped. Returns the bytes given back.
-  std::size_t trim_expandable(Segment* segment);
-  std::size_t release_expandable(Segment* segment);  // its one block is free and settled
-  void refresh_split(Block* block);                  // after a neighbour of it came or went
-  void validate_expandable(const Segment* segment) const;
-
   const int device_;
   const Options& options_;
   Backend& backend_;
@@ -239,7 +220,7 @@ class DeviceCache {
   FreeBlocks free_;                // the rules that move blocks into and out of the pools' free lists
   FenceEngine fences_;             // events, capture uses, the fence passes and their pacing
   const CacheReport report_;       // the read-only reports
-  ExpandableSegments expandable_;  // on or off, page size, the segment each (stream, size class) grows
+  ExpandableSegments expandable_;  // on or off, page size, the segment each (stream, size class) grows; growth
   // Last: the debugging aids, out of the way of the fields the hot path reads. Null when all are off.
   std::unique_ptr<DebugAids> aids_;
 };

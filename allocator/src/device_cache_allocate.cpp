@@ -38,7 +38,7 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
     // cycling through a few small sizes keeps hitting the list. An expandable segment has no such
     // bound (one segment per stream holds all its small blocks), so there the small class flushes too
     // (docs/design.md, "Expandable segments", "Packing").
-    if (kind == SizeClass::kLarge || grows_expandable(pool)) free_.flush_hot(own, 0);
+    if (kind == SizeClass::kLarge || expandable_.grows(pool)) free_.flush_hot(own, 0);
   }
   // A poll on the allocation path parks the blocks it releases in their allocation streams' hot lists
   // (DeviceCache::release_pending): the allocating stream's may serve it.
@@ -107,7 +107,7 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
 }
 
 void* DeviceCache::hand_out_hot(Shard& own, Block* hot, std::size_t requested) {
-  ledger_.give_headroom_for_unpark(own.stats, hot, requested);
+  ledger_.give_headroom_for_unpark(own, hot, requested);
   own.reuse_hot(hot, requested);
   if (size_policy::is_oversize(hot->size, options_)) ledger_.increase(&DeviceStats::oversize_allocations, 1);
   if (aids_ != nullptr) aids_->on_allocate(*hot);
@@ -116,7 +116,7 @@ void* DeviceCache::hand_out_hot(Shard& own, Block* hot, std::size_t requested) {
 }
 
 Block* DeviceCache::find_free(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream) {
-  return free_.count_reuse(free_.best_fit(pool, kind, size, stream, grows_expandable(pool)), stream);
+  return free_.count_reuse(free_.best_fit(pool, kind, size, stream, expandable_.grows(pool)), stream);
 }
 
 // Expandable segments pack tighter when a pending block whose fences have completed comes back before
@@ -128,7 +128,7 @@ Block* DeviceCache::find_free(MemoryPool& pool, SizeClass kind, std::size_t size
 // streams' open batches) and looks again. Exact fits, the steady state of a training loop, pay nothing.
 // Fixed segments keep the per-tick poll alone: their numbers do not change with the option off.
 Block* DeviceCache::find_free_packed(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream) {
-  const bool expandable = grows_expandable(pool);
+  const bool expandable = expandable_.grows(pool);
   Block* block = free_.best_fit(pool, kind, size, stream, expandable);
   if (block != nullptr && block->size != size && expandable && ledger_.stats().pending_blocks.current > 0) {
     fences_.poll(/*close_batches=*/false);
@@ -137,17 +137,18 @@ Block* DeviceCache::find_free_packed(MemoryPool& pool, SizeClass kind, std::size
   return free_.count_reuse(block, stream);
 }
 
-// The default pool grows its expandable segments when the option is on (device_cache_expandable.cpp),
+// The default pool grows its expandable segments when the option is on (ExpandableSegments::grow),
 // also while a stream captures a graph (mapping works in a capture; unmapping waits for its end);
-// private pools reserve fixed segments.
+// private pools reserve fixed segments. Growing a pool works during a graph capture too: the backend
+// reserves in relaxed capture mode, and the new segment is never given back before the capture ends
+// (release_free_segments waits for that).
 Block* DeviceCache::reserve_segment(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream) {
-  if (grows_expandable(pool)) return grow_expandable(kind, size, stream);
-  return reserve_fixed_segment(pool, kind, size, stream);
-}
-
-// Growing a pool works during a graph capture too: the backend reserves in relaxed capture mode, and
-// the new segment is never given back before the capture ends (release_free_segments waits for that).
-Block* DeviceCache::reserve_fixed_segment(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream) {
+  if (expandable_.grows(pool)) {
+    bool no_address_space = false;
+    Block* grown = expandable_.grow(kind, size, stream, memory_cap(), &no_address_space);
+    // Without address space the memory may still be there: a fixed segment, as without the option.
+    if (!no_address_space) return grown;
+  }
   const std::size_t segment_size = size_policy::segment_size_for(size);
   if (segments_.reserved_bytes() + segment_size > memory_cap()) return nullptr;
   Segment* segment = segments_.reserve(kind, &pool, segment_size, stream);
@@ -175,7 +176,7 @@ Block* DeviceCache::hand_out(Block* block, std::size_t requested, Stream stream)
   Shard& shard = shards_.get(stream);
   shard.add_live(block);
   shards_.enter(block);
-  ledger_.account_allocated(shard.stats, block, requested);
+  ledger_.account_allocated(shard, block, requested);
   if (size_policy::is_oversize(block->size, options_)) ledger_.increase(&DeviceStats::oversize_allocations, 1);
   if (aids_ != nullptr) aids_->on_allocate(*block);
   return block;

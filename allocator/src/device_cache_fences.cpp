@@ -27,7 +27,7 @@ void DeviceCache::release_pending(Block* block, Clock::time_point now) {
   ledger_.decrease(&DeviceStats::pending_blocks, 1);
   ledger_.decrease(&DeviceStats::pending_bytes, static_cast<std::int64_t>(block->size));
   Shard& owner = shards_.get(block->stream);
-  ledger_.account_inactive(block, &owner.stats);
+  ledger_.account_inactive(block, &owner);
   // An aid's work on the block (poison) is new work on the allocation stream, so the block is safe for
   // other streams only after a fence recorded behind it: it rejoins the owner's open batch (its old
   // batch may have completed already).
@@ -40,7 +40,7 @@ void DeviceCache::release_pending(Block* block, Clock::time_point now) {
   block->recorded_streams.clear();
   if (fences_.parks_released() && (aids_ == nullptr || !aids_->beyond_history()) &&
       pools_.is_default(block->segment->owner) && block->segment->size_class == SizeClass::kSmall &&
-      !grows_expandable(pools_.default_pool()) && !owner.hot_full() &&
+      !expandable_.grows(pools_.default_pool()) && !owner.hot_full() &&
       owner.fences.completed_seq() < block->settle_seq) {
     free_.park_hot(owner, block);
     return;

@@ -48,7 +48,7 @@ void DeviceCache::free_live(Block* block) {
   owner.erase_live(block);
   shards_.leave(block);
   // A free with uses returns its headroom to its stream's shard (account_freed says why).
-  ledger_.account_freed(block, block->recorded_streams.empty() ? nullptr : &owner.stats);
+  ledger_.account_freed(block, block->recorded_streams.empty() ? nullptr : &owner);
   if (size_policy::is_oversize(block->size, options_)) ledger_.decrease(&DeviceStats::oversize_allocations, 1);
   if (aids_ != nullptr) aids_->on_free(*block);
   if (!block->recorded_streams.empty()) {

@@ -11,7 +11,7 @@ std::size_t DeviceCache::memory_cap() const {
 }
 
 // Segments that are one settled free block go back, in address order, and so do the whole pages inside
-// the free blocks of expandable segments (trim_expandable). cudaFree and unmapping are not allowed while a
+// the free blocks of expandable segments (ExpandableSegments::trim). cudaFree and unmapping are not allowed while a
 // graph captures, so nothing goes back then; the next call after the capture does it. Teardown
 // (`ask_streams` false) asks no stream: they may be destroyed by then, and no capture can be running.
 std::size_t DeviceCache::release_free_segments(std::size_t target_bytes, const MemoryPool* only, bool ask_streams) {
@@ -23,7 +23,7 @@ std::size_t DeviceCache::release_free_segments(std::size_t target_bytes, const M
     if (only != nullptr && owner != only) continue;
     if (!pools_.is_default(owner) && !owner->freeable()) continue;
     if (segment->expandable()) {
-      released += trim_expandable(segment);
+      released += expandable_.trim(segment);
       continue;
     }
     Block* head = segment->head;

@@ -137,7 +137,7 @@ void DeviceCache::validate() const {
     std::size_t covered = 0;
     reserved += segment->size;
     if (oversize(segment->size) && !segment->expandable()) ++oversize_segments;  // its size is mapped pages
-    validate_expandable(segment);
+    expandable_.validate(segment, device_);
     Totals& t = pools[class_index(segment->size_class)];
     t.segment += 1;
     t.reserved_bytes += static_cast<std::int64_t>(segment->size);

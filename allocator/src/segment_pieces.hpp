@@ -2,7 +2,7 @@
 // Backend::map_pages call, by address (docs/design.md, "Expandable segments"). A piece goes back only
 // whole (the backend cannot give back part of one), so which free bytes can be unmapped depends on
 // where the pieces lie, not on the pages alone. The pieces tile exactly the bytes the segment's blocks
-// cover (DeviceCache::validate_expandable checks it).
+// cover (ExpandableSegments::validate checks it).
 #pragma once
 
 #include <cstddef>

@@ -22,11 +22,11 @@ void StatsLedger::draw_headroom(FastStat s, int p, std::int64_t amount) {
 // that frees on the device-locked path or on other streams left elsewhere). What the shard lacks comes
 // from the device's headroom, then every shard's, then a higher peak; only what it lacks, so that
 // headroom does not pile up where no allocation will use it.
-void StatsLedger::give_headroom_for_unpark(ShardStats& shard, const Block* block, std::size_t requested) {
+void StatsLedger::give_headroom_for_unpark(Shard& shard, const Block* block, std::size_t requested) {
   const int size_class = class_index(block->segment->size_class);
   const auto give = [&](FastStat s, std::int64_t amount) {
     for (const int p : {0, size_class}) {
-      std::int64_t& own = shard.headroom[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
+      std::int64_t& own = shard.stats.headroom[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
       if (own >= amount) continue;
       // The shard's own headroom is set aside meanwhile, so that the gathering does not count it twice.
       const std::int64_t lacking = amount - own;
@@ -40,14 +40,14 @@ void StatsLedger::give_headroom_for_unpark(ShardStats& shard, const Block* block
 
 // A device-locked allocation spends its stream's shard's headroom first (`shard`, locked), where a
 // free with uses returned it (account_freed), then the device's and the other shards'.
-void StatsLedger::account_allocated(ShardStats& shard, const Block* block, std::size_t requested) {
+void StatsLedger::account_allocated(Shard& shard, const Block* block, std::size_t requested) {
   const SizeClass size_class = block->segment->size_class;
   const auto size = static_cast<std::int64_t>(block->size);
-  fast_increase(kAllocation, size_class, 1, &shard);
-  fast_increase(kAllocatedBytes, size_class, size, &shard);
-  fast_increase(kRequestedBytes, size_class, static_cast<std::int64_t>(requested), &shard);
-  fast_increase(kActive, size_class, 1, &shard);
-  fast_increase(kActiveBytes, size_class, size, &shard);
+  fast_increase(kAllocation, size_class, 1, &shard.stats);
+  fast_increase(kAllocatedBytes, size_class, size, &shard.stats);
+  fast_increase(kRequestedBytes, size_class, static_cast<std::int64_t>(requested), &shard.stats);
+  fast_increase(kActive, size_class, 1, &shard.stats);
+  fast_increase(kActiveBytes, size_class, size, &shard.stats);
 }
 
 // Which headroom a free returns: a block freed with uses (the frees of a cross-stream loop) comes
@@ -57,19 +57,21 @@ void StatsLedger::account_allocated(ShardStats& shard, const Block* block, std::
 // device-locked frees give it to the device (`shard` null): a shard keeps what its own fast path
 // returns, and headroom given to shards whose streams allocate on the device-locked path would have to
 // be gathered back from every shard, at a cost that grows with the number of streams.
-void StatsLedger::account_freed(const Block* block, ShardStats* shard) {
+void StatsLedger::account_freed(const Block* block, Shard* shard) {
   const SizeClass size_class = block->segment->size_class;
-  fast_decrease(kAllocation, size_class, 1, shard);
-  fast_decrease(kAllocatedBytes, size_class, static_cast<std::int64_t>(block->size), shard);
+  ShardStats* part = shard == nullptr ? nullptr : &shard->stats;
+  fast_decrease(kAllocation, size_class, 1, part);
+  fast_decrease(kAllocatedBytes, size_class, static_cast<std::int64_t>(block->size), part);
 }
 
 // Requested bytes stay counted while a freed block is pending, as PyTorch counts them until the
 // block's events complete (requested_bytes follows active blocks, not allocated ones).
-void StatsLedger::account_inactive(Block* block, ShardStats* shard) {
+void StatsLedger::account_inactive(Block* block, Shard* shard) {
   const SizeClass size_class = block->segment->size_class;
-  fast_decrease(kActive, size_class, 1, shard);
-  fast_decrease(kActiveBytes, size_class, static_cast<std::int64_t>(block->size), shard);
-  fast_decrease(kRequestedBytes, size_class, static_cast<std::int64_t>(block->requested), shard);
+  ShardStats* part = shard == nullptr ? nullptr : &shard->stats;
+  fast_decrease(kActive, size_class, 1, part);
+  fast_decrease(kActiveBytes, size_class, static_cast<std::int64_t>(block->size), part);
+  fast_decrease(kRequestedBytes, size_class, static_cast<std::int64_t>(block->requested), part);
   block->requested = 0;
 }
 

@@ -94,11 +94,11 @@ class StatsLedger {
   }
 
   // A block handed out (and active), spending `shard`'s headroom first (stats_ledger.cpp says why).
-  void account_allocated(ShardStats& shard, const Block* block, std::size_t requested);
+  void account_allocated(Shard& shard, const Block* block, std::size_t requested);
   // No longer allocated / no longer active (its requested bytes leave the stats). The headroom they
   // return goes to `shard` (locked) when given, else to the device's.
-  void account_freed(const Block* block, ShardStats* shard);
-  void account_inactive(Block* block, ShardStats* shard);
+  void account_freed(const Block* block, Shard* shard);
+  void account_inactive(Block* block, Shard* shard);
   // A free block inside a segment that is not entirely free counts as an inactive split (PyTorch's
   // definition); the block's flag makes counting idempotent. Inline: every device-locked alloc and
   // free passes here. `split`: the block's is_split() (a shard's block passes split_in_shard).
@@ -117,7 +117,7 @@ class StatsLedger {
   }
   // Gives `shard` enough headroom to take `block` from its hot list for `requested` bytes, from the
   // device's headroom, every shard's, or by raising the peak.
-  void give_headroom_for_unpark(ShardStats& shard, const Block* block, std::size_t requested);
+  void give_headroom_for_unpark(Shard& shard, const Block* block, std::size_t requested);
 
   // ---- the whole ledger (the device lock and every shard lock held)
   // The device's stats with every shard's part added.

@@ -105,7 +105,7 @@ TEST(StatsLedger, InactiveSplitsAreCountedOnceAndAccountingRoundTrips) {
   EXPECT_EQ(ledger.stats().inactive_split[0].current, 1) << "the block's flag makes counting idempotent";
   ledger.uncount_inactive_split(&one.block);
   EXPECT_EQ(ledger.stats().inactive_split_bytes[0].current, 0);
-  ShardStats shard;
+  Shard shard(0x10);
   ledger.account_allocated(shard, &one.block, 1000);
   EXPECT_EQ(ledger.stats().requested_bytes[0].current, 1000);
   one.block.requested = 1000;
@@ -114,7 +114,7 @@ TEST(StatsLedger, InactiveSplitsAreCountedOnceAndAccountingRoundTrips) {
   EXPECT_EQ(ledger.stats().allocated_bytes[0].current, 0);
   EXPECT_EQ(ledger.stats().requested_bytes[0].current, 0);
   EXPECT_EQ(one.block.requested, 0u);
-  EXPECT_EQ(shard.headroom[kAllocatedBytes][0], 1024) << "a free with a shard returns its headroom there";
+  EXPECT_EQ(shard.stats.headroom[kAllocatedBytes][0], 1024) << "a free with a shard returns its headroom there";
 }
 
 TEST(StatsLedger, ResetsFoldShardPartsAndClearTotals) {
