@@ -9,6 +9,7 @@
 #include "device_cache.hpp"
 #include "history_recorder.hpp"
 #include "logging.hpp"
+#include "size_policy.hpp"
 #include "sync_checker.hpp"
 
 namespace streamalloc {
@@ -253,6 +254,35 @@ void Allocator::set_memory_fraction(double fraction, int device) {
                 fmt::format("streamalloc: invalid fraction:{}. Please set within [0, 1].", fraction));
   }
   cache(device).set_memory_fraction(fraction);
+}
+
+void Allocator::set_roundup_power2_divisions(const RoundupDivisions& divisions) {
+  if (!size_policy::Rounding::valid(divisions)) {
+    std::string table;
+    for (const std::size_t d : divisions) table += (table.empty() ? "" : ",") + std::to_string(d);
+    throw Error(ErrorCode::kInvalidArgument, "streamalloc: roundup_power2_divisions [" + table +
+                                                 "]: every entry has to be 0 or a power of two; nothing changed");
+  }
+  for (int d = 0; d < device_count(); ++d) cache(d).set_roundup_power2_divisions(divisions);
+}
+
+RoundupDivisions Allocator::roundup_power2_divisions() const {
+  if (caches_.empty()) return size_policy::Rounding::filled(options_.roundup_power2_divisions);
+  return cache(0).roundup_power2_divisions();
+}
+
+void Allocator::set_expandable_segments(bool on) {
+  for (int d = 0; d < device_count(); ++d) cache(d).set_expandable_segments(on);
+}
+
+bool Allocator::expandable_segments() const { return !caches_.empty() && cache(0).expandable_segments(); }
+
+void Allocator::set_graph_capture_record_stream_reuse(bool on) {
+  for (int d = 0; d < device_count(); ++d) cache(d).set_graph_capture_record_stream_reuse(on);
+}
+
+bool Allocator::graph_capture_record_stream_reuse() const {
+  return !caches_.empty() && cache(0).graph_capture_record_stream_reuse();
 }
 
 double Allocator::memory_fraction(int device) const { return cache(device).memory_fraction(); }

@@ -428,6 +428,49 @@ class CudaBackend final : public Backend {
     return status != cudaStreamCaptureStatusNone;
   }
 
+  bool capture_info(int device, Stream stream, CaptureInfo* info) override {
+    // The legacy stream cannot capture; asking about it while another stream captures would break
+    // that capture (cudaErrorStreamCaptureImplicit).
+    if (is_default_stream(stream)) return false;
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    unsigned long long id = 0;
+    const cudaGraphNode_t* frontier = nullptr;
+    std::size_t count = 0;
+#if CUDART_VERSION >= 13000
+    check(cudaStreamGetCaptureInfo(to_cuda(stream), &status, &id, nullptr, &frontier, nullptr, &count),
+          "cudaStreamGetCaptureInfo", device);
+#else
+    check(cudaStreamGetCaptureInfo_v2(to_cuda(stream), &status, &id, nullptr, &frontier, &count),
+          "cudaStreamGetCaptureInfo_v2", device);
+#endif
+    // An invalidated capture will fail at its end; nothing is reused inside it.
+    if (status != cudaStreamCaptureStatusActive) return false;
+    info->id = id;
+    info->frontier.assign(count, 0);
+    for (std::size_t i = 0; i < count; ++i) info->frontier[i] = reinterpret_cast<GraphNode>(frontier[i]);
+    return true;
+  }
+
+  std::vector<GraphNode> graph_node_dependencies(int device, GraphNode node) override {
+    auto* n = reinterpret_cast<cudaGraphNode_t>(node);
+    std::size_t count = 0;
+#if CUDART_VERSION >= 13000
+    check(cudaGraphNodeGetDependencies(n, nullptr, nullptr, &count), "cudaGraphNodeGetDependencies", device);
+    std::vector<cudaGraphNode_t> deps(count);
+    std::vector<cudaGraphEdgeData> edges(count);
+    if (count != 0) {
+      check(cudaGraphNodeGetDependencies(n, deps.data(), edges.data(), &count), "cudaGraphNodeGetDependencies", device);
+    }
+#else
+    check(cudaGraphNodeGetDependencies(n, nullptr, &count), "cudaGraphNodeGetDependencies", device);
+    std::vector<cudaGraphNode_t> deps(count);
+    if (count != 0) check(cudaGraphNodeGetDependencies(n, deps.data(), &count), "cudaGraphNodeGetDependencies", device);
+#endif
+    std::vector<GraphNode> out(count);
+    for (std::size_t i = 0; i < count; ++i) out[i] = reinterpret_cast<GraphNode>(deps[i]);
+    return out;
+  }
+
   int relax_capture_mode() override {
     int mode = cudaStreamCaptureModeRelaxed;
     const cudaError_t err = exchange_capture_mode(&mode);

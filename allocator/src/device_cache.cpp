@@ -12,6 +12,7 @@ DeviceCache::DeviceCache(int device, const Options& options, Backend& backend, s
     : device_(device),
       options_(options),
       backend_(backend),
+      rounding_(options.roundup_power2_divisions),
       shards_(backend, device),
       memory_fraction_(options.memory_fraction),
       segments_(backend, device),
@@ -40,6 +41,27 @@ DeviceCache::~DeviceCache() {
   } catch (const std::exception& e) {
     log().warn("device {}: error while releasing memory at teardown: {}", device_, e.what());
   }
+}
+
+void DeviceCache::set_expandable_segments(bool on) {
+  DeviceLock lock(*this);
+  expandable_.set_up(on, backend_, device_);
+  update_fast_path();
+}
+
+bool DeviceCache::expandable_segments() const {
+  DeviceLock lock(*this);
+  return expandable_.on();
+}
+
+void DeviceCache::set_graph_capture_record_stream_reuse(bool on) {
+  DeviceLock lock(*this);
+  fences_.set_capture_reuse(on);
+}
+
+bool DeviceCache::graph_capture_record_stream_reuse() const {
+  DeviceLock lock(*this);
+  return fences_.capture_reuse().on();
 }
 
 bool DeviceCache::owns_live(const void* ptr) const {

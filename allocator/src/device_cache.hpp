@@ -46,6 +46,7 @@
 #include "spin_lock.hpp"
 #include "stats_ledger.hpp"
 #include "shard.hpp"
+#include "size_policy.hpp"
 #include "trace_events.hpp"
 #include "streamalloc/backend.hpp"
 #include "streamalloc/blocks.hpp"
@@ -93,6 +94,15 @@ class DeviceCache {
   void empty_cache(PoolId pool);
   void set_memory_fraction(double fraction);
   double memory_fraction() const;
+  // PyTorch's settings at runtime (Allocator::set_roundup_power2_divisions and the calls after it):
+  // the rounding of later requests, whether new segments of the default pool are expandable, and
+  // whether a capture reuses a block freed with uses once its streams have joined.
+  void set_roundup_power2_divisions(const size_policy::Rounding::Table& table) { rounding_.set(table); }
+  size_policy::Rounding::Table roundup_power2_divisions() const { return rounding_.table(); }
+  void set_expandable_segments(bool on);
+  bool expandable_segments() const;
+  void set_graph_capture_record_stream_reuse(bool on);
+  bool graph_capture_record_stream_reuse() const;
   void process_fences();
   void synchronize_fences();
   void release_all();  // teardown and shutdown: every segment without live blocks goes back
@@ -204,6 +214,8 @@ class DeviceCache {
   // from the device lock and the fields device-locked calls write.
   // The fast path's switch (update_fast_path) and its lock-free view of the shards.
   alignas(kCacheLine) std::atomic<bool> fast_path_{false};
+  // The request rounding: read by every allocation, changed by set_roundup_power2_divisions.
+  size_policy::Rounding rounding_;
   // Cached from the backend on first need; read by the fast path (which leaves a request larger than
   // the device to the device-locked path, which then reports it).
   std::atomic<std::size_t> device_total_{0};
@@ -228,7 +240,8 @@ class DeviceCache {
 inline void* DeviceCache::allocate_cached(std::size_t requested, Stream stream) noexcept {
   // The stream's own hot list, under its shard lock alone.
   if (fast_path_.load(std::memory_order_relaxed)) {
-    if (Shard* shard = shards_.find_published(stream)) return shard->allocate_hot(requested, options_, device_total_);
+    if (Shard* shard = shards_.find_published(stream))
+      return shard->allocate_hot(requested, rounding_, options_, device_total_);
   }
   return nullptr;
 }

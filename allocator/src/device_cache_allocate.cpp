@@ -27,7 +27,8 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
   Shard& own = shards_.get(stream);  // first sight of a stream checks that it belongs to this device
   ++own.counts.allocations_device_locked;
   MemoryPool& pool = pools_.pool_for(stream);
-  const std::size_t size = size_policy::round_size(requested, options_);
+  if (fences_.has_capture_frees()) fences_.reuse_capture_frees(stream);
+  const std::size_t size = rounding_.round(requested);
   const SizeClass kind = size_policy::size_class_for(size);
   if (pools_.is_default(&pool)) {
     if (Block* hot = own.take_hot(size)) return hand_out_hot(own, hot, requested);
@@ -185,7 +186,7 @@ Block* DeviceCache::hand_out(Block* block, std::size_t requested, Stream stream)
 void DeviceCache::throw_out_of_memory(std::size_t requested, Stream stream) {
   // Past any device PyTorch's words alone, not counted in num_ooms (as PyTorch's).
   const bool beyond_any_device = requested > size_policy::kMaxRequest;
-  const std::size_t size = beyond_any_device ? 0 : size_policy::round_size(requested, options_);
+  const std::size_t size = beyond_any_device ? 0 : rounding_.round(requested);
   DeviceMemoryInfo info;
   if (!beyond_any_device) {
     ledger_.count(&DeviceStats::num_ooms);

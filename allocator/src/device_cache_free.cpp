@@ -54,6 +54,8 @@ void DeviceCache::free_live(Block* block) {
   if (!block->recorded_streams.empty()) {
     block->since = fences_.now();  // precise: the free-to-reusable latency is measured from here
     fences_.make_pending(block);
+    // PyTorch opens a route for every capture: without one no capture is under way here.
+    if (pools_.has_routes()) fences_.keep_for_capture_reuse(block);
     return;
   }
   block->since = coarse_now();

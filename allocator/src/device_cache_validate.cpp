@@ -116,6 +116,12 @@ void DeviceCache::validate() const {
     }
     if (route.pool->use_count < 1) broken(device_, "a routed pool has no use for its route");
   }
+  fences_.capture_reuse().for_each_block([&](const Block* block) {
+    if (block->state != BlockState::kPending) {
+      broken(device_,
+             "block " + hex(block->address) + " waits for its streams to join in a capture but is not pending");
+    }
+  });
   for (const auto& [block, streams] : fences_.capture_uses()) {
     if (block->state == BlockState::kFree) broken(device_, "a free block still has uses recorded during a capture");
     for (Stream used : streams) {

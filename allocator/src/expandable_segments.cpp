@@ -23,6 +23,7 @@
 namespace streamalloc {
 
 void ExpandableSegments::set_up(bool option, Backend& backend, int device) {
+  on_ = false;
   if (!option) return;
   if (!backend.supports_virtual_memory(device)) {
     static std::atomic<bool> told{false};
@@ -34,7 +35,8 @@ void ExpandableSegments::set_up(bool option, Backend& backend, int device) {
     }
     return;
   }
-  page_bytes_ = backend.vm_granularity(device);
+  if (page_bytes_ == 0) page_bytes_ = backend.vm_granularity(device);
+  on_ = true;
 }
 
 using size_policy::round_up;

@@ -45,11 +45,15 @@ class ExpandableSegments {
   ExpandableSegments(const ExpandableSegments&) = delete;
   ExpandableSegments& operator=(const ExpandableSegments&) = delete;
 
-  // Decides once, at the cache's construction: on when the option is and the backend maps virtual
-  // memory on `device` (expandable_segments.cpp warns once per process when it does not).
+  // Whether new segments of the default pool are expandable: at the cache's construction from the
+  // option, later from set_expandable_segments (PyTorch's setting at runtime). On only where the
+  // backend maps virtual memory on `device` (expandable_segments.cpp warns once per process when it
+  // does not). Switching off changes only which segments are made next: the expandable segments
+  // already made keep their blocks and still give free pages back.
   void set_up(bool option, Backend& backend, int device);
-  bool on() const { return page_bytes_ != 0; }
-  std::size_t page_bytes() const { return page_bytes_; }  // 0 while off
+  bool on() const { return on_; }
+  // The page size expandable segments map in; 0 until the option was first on with virtual memory.
+  std::size_t page_bytes() const { return page_bytes_; }
   // Whether an allocation from `pool` that no cached block serves grows an expandable segment.
   bool grows(const MemoryPool& pool) const { return on() && &pool == &p_.default_pool; }
 
@@ -86,6 +90,7 @@ class ExpandableSegments {
   void refresh_split(Block* block);       // after a neighbour of it came or went
 
   Parts p_;
+  bool on_ = false;
   std::size_t page_bytes_ = 0;
   Growing growing_;
 };

@@ -287,9 +287,29 @@ void FenceEngine::drop_ended_capture_uses() {
   parts_.capture_uses_changed();
   const Clock::time_point at = released.empty() ? Clock::time_point{} : now();
   for (Block* block : released) {
+    capture_reuse_.forget(block);
     if (parts_.aids != nullptr) parts_.aids->on_fenced_free_completed(*block, 0, nullptr);
     parts_.release(block, at);
   }
+}
+
+void FenceEngine::reuse_capture_frees(Stream stream) {
+  const std::vector<Block*> reusable = capture_reuse_.take_reusable(backend_, device_, stream);
+  if (reusable.empty()) return;
+  const Clock::time_point at = now();
+  for (Block* block : reusable) {
+    // The graph orders every use before the stream's next work: the block leaves the batches it waits
+    // in without a fence, as a use dropped at the capture's end does.
+    for (const Stream used : block->recorded_streams) {
+      parts_.shards.get(used).fences.leave_as_user(block);
+      if (parts_.aids != nullptr) note_pending_changed(at, &used, 1);
+    }
+    block->fences_left = 0;
+    capture_uses_.erase(block);
+    if (parts_.aids != nullptr) parts_.aids->on_fenced_free_completed(*block, 0, nullptr);
+    parts_.release(block, at);
+  }
+  parts_.capture_uses_changed();
 }
 
 }  // namespace streamalloc

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "block.hpp"
+#include "capture_reuse.hpp"
 #include "debug_aid.hpp"
 #include "fence_queue.hpp"
 #include "free_blocks.hpp"
@@ -105,6 +106,17 @@ class FenceEngine {
   // Uses whose stream no longer captures leave their blocks, and their batches; a pending block left
   // without uses is released.
   void drop_ended_capture_uses();
+  // graph_capture_record_stream_reuse (capture_reuse.hpp): a pending block just freed during a capture
+  // keeps the graph nodes its streams had reached, when the option is on and all of them capture;
+  // reuse_capture_frees hands back those of `stream` whose streams have joined it since, as a
+  // completed fence would (Parts::release).
+  void set_capture_reuse(bool on) { capture_reuse_.set(on); }
+  const CaptureReuse& capture_reuse() const { return capture_reuse_; }
+  void keep_for_capture_reuse(Block* block) {
+    if (capture_reuse_.on()) capture_reuse_.add(backend_, device_, block);
+  }
+  bool has_capture_frees() const { return capture_reuse_.on() && !capture_reuse_.empty(); }
+  void reuse_capture_frees(Stream stream);
 
   // ---- pacing
   // Whether a free at `since` runs a fence pass (at most one per window); if so, the pass starts now.
@@ -164,6 +176,7 @@ class FenceEngine {
   EventPool events_;
   const std::atomic<std::int64_t>* const replay_clock_;  // nullptr: the host's clock
   CaptureUses capture_uses_;
+  CaptureReuse capture_reuse_;
   Clock::time_point last_fence_pass_{};
   Clock::time_point last_pending_poll_{};  // coarse clock
   bool park_released_ = false;

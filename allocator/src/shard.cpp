@@ -97,12 +97,13 @@ void SettleList::remove(Block* block) {
   block->in_settle_list = false;
 }
 
-void* Shard::allocate_hot(std::size_t requested, const Options& options, const std::atomic<std::size_t>& device_total) {
+void* Shard::allocate_hot(std::size_t requested, const size_policy::Rounding& rounding, const Options& options,
+                          const std::atomic<std::size_t>& device_total) {
   if (hot_count.load(std::memory_order_relaxed) == 0) return nullptr;  // an empty hot list: not even a look
   // Unknown device size, or a request larger than the device: the device-locked path reports it.
   const std::size_t total = device_total.load(std::memory_order_relaxed);
   if (total == 0 || requested > total) return nullptr;
-  const std::size_t size = size_policy::round_size(requested, options);
+  const std::size_t size = rounding.round(requested);
   if (size_policy::is_oversize(size, options)) return nullptr;  // oversize counts are the device lock's
   ShardGuard guard(*this);
   // A live table that must grow: the device-locked path grows it (the fast path allocates nothing).

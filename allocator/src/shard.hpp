@@ -16,6 +16,7 @@
 #include "fence_queue.hpp"
 #include "live_map.hpp"
 #include "shard_stats.hpp"
+#include "size_policy.hpp"
 #include "streamalloc/options.hpp"
 #include "spin_lock.hpp"
 
@@ -82,8 +83,10 @@ struct alignas(kCacheLine) Shard {
   // ---- the stream's own blocks
   // The fast path (shard.cpp), under `lock` alone: nullptr / false when the call needs the device-locked
   // path, with nothing changed. The caller's gate has ruled out debugging aids, routes and capture uses
-  // (DeviceCache::update_fast_path); `device_total`: the device's memory, 0 while unknown.
-  void* allocate_hot(std::size_t requested, const Options& options, const std::atomic<std::size_t>& device_total);
+  // (DeviceCache::update_fast_path); `rounding`: the cache's request rounding; `device_total`: the
+  // device's memory, 0 while unknown.
+  void* allocate_hot(std::size_t requested, const size_policy::Rounding& rounding, const Options& options,
+                     const std::atomic<std::size_t>& device_total);
   // A free of a live block without other uses of `default_pool`, back to the hot list.
   bool free_to_hot(std::uintptr_t address, std::size_t size_hint, const Options& options,
                    const MemoryPool* default_pool);

@@ -27,6 +27,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdint>
@@ -91,8 +92,10 @@ struct StreamQueue {
   // time t has run" is `finished >= enqueued at t`: host waits never chase work enqueued later.
   std::uint64_t enqueued = 0;
   std::uint64_t finished = 0;
-  bool running = false;    // a thread is running this stream's host function right now
-  bool capturing = false;  // set_capturing()
+  bool running = false;             // a thread is running this stream's host function right now
+  bool capturing = false;           // set_capturing()
+  std::uint64_t capture = 0;        // the capture's id while capturing
+  std::vector<GraphNode> frontier;  // what its next captured node depends on
 };
 
 struct DeviceState {
@@ -103,6 +106,17 @@ struct DeviceState {
   int maps_to_refuse = 0;                             // fail_next_maps()
   StreamQueue default_stream;
   int capturing_streams = 0;
+  // The graphs of captures: every node made on a capturing stream, with the nodes it depends on.
+  std::unordered_map<GraphNode, std::vector<GraphNode>> graph;
+  GraphNode next_node = 0;
+  std::uint64_t next_capture = 0;
+  // A node of `q`'s capture, after its frontier.
+  void capture_node(StreamQueue& q) {
+    if (!q.capturing) return;
+    const GraphNode node = ++next_node;
+    graph[node] = q.frontier;
+    q.frontier.assign(1, node);
+  }
 
   // Device memory in use: reservations and mapped pages draw on the same limit.
   std::size_t used() const { return reserved + ranges.mapped_bytes(); }
@@ -565,6 +579,7 @@ void SimBackend::memset_async(int device, void* ptr, int value, std::size_t byte
     throw Error(ErrorCode::kBackend, call + ": range is not inside memory reserved on this device");
   }
   ++state_->counters.memsets;
+  dev.capture_node(q);
   state_->enqueue_host(lock, q, [ptr, value, bytes] { std::memset(ptr, value, bytes); });
 }
 
@@ -683,6 +698,7 @@ Stream SimBackend::create_stream(int device) {
 void SimBackend::enqueue(int device, Stream stream, std::function<void()> work) {
   State::Lock lock(state_->mutex);
   StreamQueue& q = state_->queue(device, stream, "enqueue");
+  state_->devices[static_cast<std::size_t>(device)].capture_node(q);
   state_->enqueue_host(lock, q, std::move(work));
 }
 
@@ -712,8 +728,50 @@ void SimBackend::set_capturing(int device, Stream stream, bool capturing) {
   State::Lock lock(state_->mutex);
   StreamQueue& q = state_->queue(device, stream, "set_capturing");
   if (q.capturing == capturing) return;
+  DeviceState& dev = state_->devices[static_cast<std::size_t>(device)];
   q.capturing = capturing;
-  state_->devices[static_cast<std::size_t>(device)].capturing_streams += capturing ? 1 : -1;
+  q.capture = capturing ? ++dev.next_capture : 0;
+  q.frontier.clear();
+  dev.capturing_streams += capturing ? 1 : -1;
+}
+
+void SimBackend::join_capture(int device, Stream waiting, Stream source) {
+  State::Lock lock(state_->mutex);
+  StreamQueue& from = state_->queue(device, source, "join_capture");
+  StreamQueue& q = state_->queue(device, waiting, "join_capture");
+  if (!from.capturing) {
+    throw Error(ErrorCode::kInvalidArgument, "SimBackend::join_capture(device " + std::to_string(device) +
+                                                 "): stream " + hex(source) + " does not capture");
+  }
+  if (!q.capturing) {
+    q.capturing = true;
+    q.frontier.clear();
+    ++state_->devices[static_cast<std::size_t>(device)].capturing_streams;
+  }
+  q.capture = from.capture;
+  for (const GraphNode node : from.frontier) {
+    if (std::find(q.frontier.begin(), q.frontier.end(), node) == q.frontier.end()) q.frontier.push_back(node);
+  }
+}
+
+bool SimBackend::capture_info(int device, Stream stream, CaptureInfo* info) {
+  State::Lock lock(state_->mutex);
+  const StreamQueue& q = state_->queue(device, stream, "capture_info");
+  if (!q.capturing) return false;
+  info->id = q.capture;
+  info->frontier = q.frontier;
+  return true;
+}
+
+std::vector<GraphNode> SimBackend::graph_node_dependencies(int device, GraphNode node) {
+  State::Lock lock(state_->mutex);
+  const DeviceState& dev = state_->device(device, "graph_node_dependencies");
+  const auto found = dev.graph.find(node);
+  if (found == dev.graph.end()) {
+    throw Error(ErrorCode::kInvalidArgument, "SimBackend::graph_node_dependencies(device " + std::to_string(device) +
+                                                 "): no node " + std::to_string(node));
+  }
+  return found->second;
 }
 
 void SimBackend::set_memory_limit(int device, std::size_t bytes) {

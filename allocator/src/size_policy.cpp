@@ -27,6 +27,35 @@ std::size_t round_size_in_divisions(std::size_t requested, std::size_t divisions
   return round_up(round_to_power2_division(requested, divisions), kMinBlockSize);
 }
 
+bool Rounding::valid(const Table& table) {
+  for (const std::size_t divisions : table) {
+    if (divisions != 0 && !is_power_of_two(divisions)) return false;
+  }
+  return true;
+}
+
+void Rounding::set(const Table& table) {
+  bool any = false;
+  for (std::size_t i = 0; i < kIntervals; ++i) {
+    divisions_[i].store(table[i], std::memory_order_relaxed);
+    any = any || table[i] > 1;
+  }
+  any_.store(any, std::memory_order_relaxed);
+}
+
+Rounding::Table Rounding::table() const {
+  Table table;
+  for (std::size_t i = 0; i < kIntervals; ++i) table[i] = divisions_[i].load(std::memory_order_relaxed);
+  return table;
+}
+
+std::size_t Rounding::interval_of(std::size_t size) {
+  constexpr std::size_t kFirstLog2 = 20;  // 1 MiB
+  const std::size_t log2 = size == 0 ? 0 : 63 - static_cast<std::size_t>(__builtin_clzll(size));
+  const std::size_t index = log2 > kFirstLog2 ? log2 - kFirstLog2 : 0;
+  return index < kIntervals ? index : kIntervals - 1;
+}
+
 std::size_t segment_size_for(std::size_t rounded) {
   if (rounded <= kSmallSize) return kSmallSegment;
   if (rounded < kMinLargeAlloc) return kLargeSegment;

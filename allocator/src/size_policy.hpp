@@ -1,6 +1,8 @@
 // Size classes and the split rules: PyTorch's proven numbers (docs/design.md, "Size classes").
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <cstddef>
 
 #include "streamalloc/options.hpp"
@@ -33,15 +35,44 @@ inline std::size_t round_up(std::size_t value, std::size_t multiple) {
 // round_size with power-of-two divisions, for requests above kMinBlockSize.
 std::size_t round_size_in_divisions(std::size_t requested, std::size_t divisions);
 
-// The size a request occupies: 512-byte multiples, or PyTorch's power-of-two divisions when enabled.
-// Inline, with size_class_for: every cached allocation asks.
-inline std::size_t round_size(std::size_t requested, const Options& options) {
-  if (requested < kMinBlockSize) return kMinBlockSize;
-  if (options.roundup_power2_divisions > 1 && requested > kMinBlockSize) {
-    return round_size_in_divisions(requested, options.roundup_power2_divisions);
+// PyTorch's roundup_power2_divisions table (RoundupDivisions, streamalloc/options.hpp). The table may
+// change while other threads round (PyTorch's
+// settings at runtime): each entry is read and written alone, so a round during a change uses the old
+// or the new number of its interval.
+class Rounding {
+ public:
+  static constexpr std::size_t kIntervals = kRoundupIntervals;
+  using Table = RoundupDivisions;
+
+  explicit Rounding(std::size_t divisions) { set(filled(divisions)); }
+  static Table filled(std::size_t divisions) {
+    Table table;
+    table.fill(divisions);
+    return table;
   }
-  return round_up(requested, kMinBlockSize);
-}
+  // Whether every entry is 0 or a power of two, as PyTorch's parser requires.
+  static bool valid(const Table& table);
+  void set(const Table& table);
+  Table table() const;
+  // The index of `size`'s interval in the table.
+  static std::size_t interval_of(std::size_t size);
+
+  // The size a request occupies: 512-byte multiples, or the divisions of its interval above
+  // kMinBlockSize * divisions, as PyTorch's round_size. Inline: every cached allocation asks.
+  std::size_t round(std::size_t requested) const {
+    if (requested < kMinBlockSize) return kMinBlockSize;
+    if (any_.load(std::memory_order_relaxed)) {
+      const std::size_t divisions = divisions_[interval_of(requested)].load(std::memory_order_relaxed);
+      if (divisions > 1 && requested > kMinBlockSize * divisions) return round_size_in_divisions(requested, divisions);
+    }
+    return round_up(requested, kMinBlockSize);
+  }
+
+ private:
+  std::array<std::atomic<std::size_t>, kIntervals> divisions_{};
+  std::atomic<bool> any_{false};  // some entry above 1: the common case skips the table
+};
+
 inline SizeClass size_class_for(std::size_t rounded) {
   return rounded <= kSmallSize ? SizeClass::kSmall : SizeClass::kLarge;
 }

@@ -121,14 +121,21 @@ def test_enabling_without_a_cuda_device_says_so_once():
     assert result.stdout.split() == ["False"]  # asking for devices did not initialise CUDA
 
 
-@pytest.mark.parametrize("keywords, warned", [("", True), ("expandable_segments=True", False)])
-def test_pytorchs_expandable_segments_setting_is_named_unless_streamalloc_has_its_own(keywords, warned):
+@pytest.mark.parametrize("path, keywords, warned", [
+    ("c-abi", "", True),
+    ("c-abi", "expandable_segments=True", False),
+    pytest.param("extension", "", False, marks=requires_extension),
+])
+def test_pytorchs_expandable_segments_setting_is_named_where_it_is_not_followed(path, keywords, warned):
+    # The extension follows PyTorch's settings (docs/pytorch.md, "PyTorch's allocator settings"); the C
+    # ABI path does not, and says so unless streamalloc has its own setting.
     result = run_enable(f"streamalloc.enable({keywords})\nprint(streamalloc.enabled_conf())\n",
-                        env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128, expandable_segments:True"})
+                        env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128, expandable_segments:True",
+                             "STREAMALLOC_TORCH_PATH": path})
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stderr.splitlines() if "PYTORCH_CUDA_ALLOC_CONF" in line]
     assert lines == ([_enable.EXPANDABLE_MESSAGE] if warned else []), result.stderr
-    assert ("expandable_segments:true" in result.stdout) == (not warned), result.stdout
+    assert ("expandable_segments:true" in result.stdout) == ("expandable" in keywords), result.stdout
 
 
 def test_keyword_options_override_the_environment_and_conf_ignores_it():

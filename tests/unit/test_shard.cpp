@@ -32,8 +32,9 @@ TEST(Shard, TheFastPathPutsAFreedBlockInTheHotListAndTakesItBack) {
   CacheParts parts;
   Shard shard(parts.sim.create_stream(0));
   const std::atomic<std::size_t> total{kTotal};
+  const size_policy::Rounding rounding(parts.options.roundup_power2_divisions);
   Block* block = live_block(parts, shard, 0x200000);
-  EXPECT_EQ(shard.allocate_hot(4000, parts.options, total), nullptr) << "an empty hot list";
+  EXPECT_EQ(shard.allocate_hot(4000, rounding, parts.options, total), nullptr) << "an empty hot list";
   EXPECT_FALSE(shard.free_to_hot(block->address, 4096, parts.options, &parts.pool)) << "the wrong size";
   ASSERT_TRUE(shard.free_to_hot(block->address, 0, parts.options, &parts.pool));
   EXPECT_TRUE(block->hot);
@@ -43,9 +44,10 @@ TEST(Shard, TheFastPathPutsAFreedBlockInTheHotListAndTakesItBack) {
   EXPECT_EQ(shard.counts.frees_cached, 1);
 
   const std::atomic<std::size_t> unknown{0};
-  EXPECT_EQ(shard.allocate_hot(4000, parts.options, unknown), nullptr) << "the device's size is not known yet";
-  EXPECT_EQ(shard.allocate_hot(8192, parts.options, total), nullptr) << "no hot block of that size";
-  EXPECT_EQ(shard.allocate_hot(4000, parts.options, total), reinterpret_cast<void*>(block->address));
+  EXPECT_EQ(shard.allocate_hot(4000, rounding, parts.options, unknown), nullptr)
+      << "the device's size is not known yet";
+  EXPECT_EQ(shard.allocate_hot(8192, rounding, parts.options, total), nullptr) << "no hot block of that size";
+  EXPECT_EQ(shard.allocate_hot(4000, rounding, parts.options, total), reinterpret_cast<void*>(block->address));
   EXPECT_FALSE(block->hot);
   EXPECT_EQ(block->state, BlockState::kAllocated);
   EXPECT_EQ(block->requested, 4000u);

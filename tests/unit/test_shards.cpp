@@ -52,7 +52,9 @@ class Shards : public ::testing::Test {
     for (int t = 0; t < kThreads; ++t) streams_.push_back(sim_->create_stream(0));
   }
 
-  std::size_t rounded(std::size_t requested) const { return size_policy::round_size(requested, options_); }
+  std::size_t rounded(std::size_t requested) const {
+    return size_policy::Rounding(options_.roundup_power2_divisions).round(requested);
+  }
   // The most a request's block can hold: a large-pool block is not split when less than a small
   // segment's worth would remain.
   std::int64_t most_bytes(std::size_t requested) const {

@@ -67,7 +67,7 @@ class StatsUnderThreads : public ::testing::Test {
             const std::size_t size = rng() % 16 != 0 ? kHot[rng() % 4] : 1 + rng() % (3 * MiB);
             const Stream on = rng() % 2 == 0 ? a : b;
             void* ptr = allocator_->allocate(size, 0, on);
-            const std::size_t rounded = size_policy::round_size(size, options_);
+            const std::size_t rounded = size_policy::Rounding(options_.roundup_power2_divisions).round(size);
             for (const int p : {0, static_cast<int>(size_policy::size_class_for(rounded))}) {
               ++mine.allocations[static_cast<std::size_t>(p)];
               mine.requested[static_cast<std::size_t>(p)] += static_cast<std::int64_t>(size);
@@ -220,7 +220,7 @@ TEST_F(StatsUnderThreads, PeakIsTheRunningMaximumAcrossStreams) {
       static constexpr std::size_t kSizes[] = {512, 4 * KiB, 64 * KiB, 1 * MiB, 3 * MiB};
       const std::size_t size = kSizes[rng() % 5];
       live.push_back({allocator_->allocate(size, 0, stream), size, stream});
-      bytes += static_cast<std::int64_t>(size_policy::round_size(size, options_));
+      bytes += static_cast<std::int64_t>(size_policy::Rounding(options_.roundup_power2_divisions).round(size));
       ++blocks;
       if (rng() % 16 == 0) allocator_->record_stream(live.back().ptr, streams_[rng() % streams_.size()]);
     } else if (!live.empty()) {
@@ -228,7 +228,7 @@ TEST_F(StatsUnderThreads, PeakIsTheRunningMaximumAcrossStreams) {
       const Live b = live[i];
       live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
       allocator_->deallocate(b.ptr, b.size, 0, rng() % 8 == 0 ? stream : b.stream);
-      bytes -= static_cast<std::int64_t>(size_policy::round_size(b.size, options_));
+      bytes -= static_cast<std::int64_t>(size_policy::Rounding(options_.roundup_power2_divisions).round(b.size));
       --blocks;
     }
     if (op == 3000) {

@@ -10,6 +10,7 @@
 #include "streamalloc/torch.hpp"
 #include "streamalloc/types.hpp"
 #include "torch_allocator.hpp"
+#include "torch_settings.hpp"
 
 namespace streamalloc::torch {
 namespace {
@@ -54,6 +55,7 @@ void install(const Options& options) {
                 "before the first CUDA operation; from Python, call streamalloc.enable() first or run under "
                 "`python -m streamalloc script.py`.");
   }
+  follow_pytorch_settings();
   auto allocator = std::make_shared<TorchAllocator>(options);
   // The deleter's target is set first, so no tensor can exist whose deleter finds none.
   TorchAllocator::set_current(allocator.get());

@@ -18,6 +18,7 @@
 #include <c10/util/Exception.h>
 
 #include "torch_convert.hpp"
+#include "torch_settings.hpp"
 
 namespace streamalloc::torch {
 namespace {
@@ -76,6 +77,7 @@ TorchAllocator::TorchAllocator(Options options)
       options_(std::move(options)) {}
 
 void TorchAllocator::set_current(TorchAllocator* allocator) { g_current.store(allocator, std::memory_order_release); }
+TorchAllocator* TorchAllocator::current() { return g_current.load(std::memory_order_acquire); }
 
 streamalloc::Allocator& TorchAllocator::core_or_create() {
   if (streamalloc::Allocator* core = core_.load(std::memory_order_acquire)) return *core;
@@ -84,7 +86,12 @@ streamalloc::Allocator& TorchAllocator::core_or_create() {
   Options options = options_;
   // Under PyTorch the memory must be device memory: "auto" may not fall back to the simulator.
   if (options.backend == BackendKind::kAuto) options.backend = BackendKind::kCuda;
-  torch_errors([&] { owned_core_ = std::make_unique<streamalloc::Allocator>(options, make_backend(options)); });
+  torch_errors([&] {
+    auto core = std::make_unique<streamalloc::Allocator>(options, make_backend(options));
+    // PyTorch's own settings (PYTORCH_ALLOC_CONF, or the last _set_allocator_settings) over the options.
+    apply(*core, current_pytorch_settings());
+    owned_core_ = std::move(core);
+  });
   core_.store(owned_core_.get(), std::memory_order_release);
   return *owned_core_;
 }

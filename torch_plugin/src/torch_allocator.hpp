@@ -127,6 +127,7 @@ class TorchAllocator final : public ::torch::cuda::CUDAPluggableAllocator::CUDAP
 
   // The allocator the process-wide deleter frees into (the installed one).
   static void set_current(TorchAllocator* allocator);
+  static TorchAllocator* current();
 
  private:
   streamalloc::Allocator& core_or_create();

@@ -196,9 +196,9 @@ NO_DEVICE_MESSAGE = (
 )
 EXPANDABLE_MESSAGE = (
     "streamalloc: PYTORCH_CUDA_ALLOC_CONF sets expandable_segments:True, which configures PyTorch's own "
-    "allocator; streamalloc serves this process with fixed segments. For streamalloc's expandable segments "
-    "set expandable_segments:true in STREAMALLOC_CONF or call streamalloc.enable(expandable_segments=True) "
-    "(docs/options.md)"
+    "allocator; streamalloc's C ABI path follows none of PyTorch's settings and serves this process with "
+    "fixed segments. For streamalloc's expandable segments set expandable_segments:true in STREAMALLOC_CONF "
+    "or call streamalloc.enable(expandable_segments=True) (docs/options.md)"
 )
 _log = logging.getLogger("streamalloc")
 
@@ -253,9 +253,10 @@ def enable_from(conf: str, source: str, options: dict | None = None) -> None:
         _state.enabled_conf = canonical
         if settings.get("check_sync") == "1":
             _sync_trace.forward_to(path)
-    # Said once, at the first enable: a program moved from PyTorch's allocator would otherwise lose the
-    # setting without a word (streamalloc reads its own options only).
-    if settings.get("expandable_segments") != "true" and _pytorch_asks_for_expandable_segments():
+    # Said once, at the first enable: on the C ABI path a program moved from PyTorch's allocator would
+    # otherwise lose the setting without a word (the extension follows PyTorch's settings).
+    if (path.name == "c-abi" and settings.get("expandable_segments") != "true"
+            and _pytorch_asks_for_expandable_segments()):
         _log.warning(EXPANDABLE_MESSAGE)
     # Said once, at the first enable. device_count() asks NVML first, which initialises no CUDA context
     # (the program may still fork); PyTorch's lazy CUDA init stays untouched either way.

@@ -72,6 +72,22 @@ class Allocator {
   // never frees live blocks.
   void set_memory_fraction(double fraction, int device);
   double memory_fraction(int device) const;
+  // ---- settings PyTorch changes at runtime (torch.cuda.memory._set_allocator_settings) ----
+  // Each applies to every device from the next call on; a refused value (kInvalidArgument) changes
+  // nothing. The options give their first values (roundup_power2_divisions, expandable_segments).
+  // Request rounding per power-of-two interval: every entry 0 or a power of two.
+  void set_roundup_power2_divisions(const RoundupDivisions& divisions);
+  RoundupDivisions roundup_power2_divisions() const;
+  // Whether new segments of the default pool are expandable (where the backend maps virtual memory);
+  // segments already made keep their kind.
+  void set_expandable_segments(bool on);
+  bool expandable_segments() const;  // device 0's, which every device shares
+  // PyTorch's graph_capture_record_stream_reuse: during a graph capture, a block freed while other
+  // streams of the capture used it is given back to its allocation stream once that stream's captured
+  // work follows every use in the graph (a join), instead of at the capture's end. Needs a backend
+  // that reads the capture's graph (Backend::capture_info); off by default, as in PyTorch.
+  void set_graph_capture_record_stream_reuse(bool on);
+  bool graph_capture_record_stream_reuse() const;
   // ---- memory pools (streamalloc/pools.hpp; docs/design.md, "Pools") ----
   // Create private pool `pool` on `device` with one use, or add a use to it. Refused for the default
   // pool (kInvalidArgument).

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "streamalloc/types.hpp"
 
@@ -25,6 +26,15 @@ namespace streamalloc {
 struct DeviceMemoryInfo {
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;
+};
+
+// A node of a graph being captured (cudaGraphNode_t), as an integer.
+using GraphNode = std::uintptr_t;
+
+// Where a capturing stream stands in its graph.
+struct CaptureInfo {
+  std::uint64_t id = 0;             // the capture's id, the same on every stream the capture spans
+  std::vector<GraphNode> frontier;  // the nodes the stream's next captured work will depend on
 };
 
 class Backend {
@@ -68,6 +78,21 @@ class Backend {
   // restore_capture_mode(); a backend whose calls never break a capture keeps these no-ops.
   virtual int relax_capture_mode() { return 0; }
   virtual void restore_capture_mode(int previous) { (void)previous; }
+  // The topology of a capture, for reusing inside it memory that other streams of the capture used
+  // (PyTorch's graph_capture_record_stream_reuse): true, with `info` filled, while `stream` captures;
+  // false when it does not or the backend cannot tell (such memory then waits for the capture's end).
+  // Neither call breaks a capture; graph_node_dependencies asks about a node of a capture under way.
+  virtual bool capture_info(int device, Stream stream, CaptureInfo* info) {
+    (void)device;
+    (void)stream;
+    (void)info;
+    return false;
+  }
+  virtual std::vector<GraphNode> graph_node_dependencies(int device, GraphNode node) {
+    (void)device;
+    (void)node;
+    return {};
+  }
   // Fill `bytes` at `ptr` with `value` in stream order on `stream` (used for poisoning).
   virtual void memset_async(int device, void* ptr, int value, std::size_t bytes, Stream stream) = 0;
 

@@ -5,6 +5,7 @@
 // call conf_from_environment().
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -17,6 +18,12 @@ inline constexpr const char* kConfVariable = "STREAMALLOC_CONF";
 std::string conf_from_environment();
 
 enum class BackendKind { kAuto, kCuda, kSim };
+
+// PyTorch's roundup_power2_divisions table: the number of divisions for each power-of-two interval of
+// request sizes, [1 MiB, 2 MiB) first (smaller requests use it too) to [32 GiB, 64 GiB) last (larger
+// requests use it too). 0 or 1: 512-byte multiples. Allocator::set_roundup_power2_divisions takes it.
+inline constexpr std::size_t kRoundupIntervals = 16;
+using RoundupDivisions = std::array<std::size_t, kRoundupIntervals>;
 
 // The user options (docs/options.md) and the simulated device's settings, which the same string can
 // set (tests and tools use them) but which are not user options: keys() and describe() list a group.

@@ -24,7 +24,12 @@
 //   per thread as CUDA keeps it) the queries and waits work, except query_stream on the capturing
 //   stream itself. record_event on a capturing stream fails (on CUDA it would become a graph node, not
 //   a fence). Each failure is also counted as a capture violation. reserve() works (relaxed-mode
-//   cudaMalloc).
+//   cudaMalloc). A capture has a graph: set_capturing(true) starts one on the stream (an empty
+//   frontier), join_capture() is a wait of one stream for another inside a capture (the waiting stream
+//   joins the capture, and its frontier takes in the other's), and each enqueue or memset on a
+//   capturing stream adds a node that depends on the stream's frontier and becomes its frontier
+//   (the work is still queued and runs as outside a capture). capture_info and
+//   graph_node_dependencies read that graph.
 // - Virtual memory (Backend's contract) is modelled with host virtual memory: a reserved range is an
 //   inaccessible host mapping (so it never overlaps reserve()'s memory, and a stray host access to it
 //   faults as a device access would), map_pages makes whole pages of it readable and writable as one
@@ -106,6 +111,8 @@ class SimBackend final : public Backend {
   void synchronize_event(int device, Event event) override;
   void stream_wait_event(int device, Stream stream, Event event) override;
   bool is_capturing(int device, Stream stream) override;
+  bool capture_info(int device, Stream stream, CaptureInfo* info) override;
+  std::vector<GraphNode> graph_node_dependencies(int device, GraphNode node) override;
   int relax_capture_mode() override;
   void restore_capture_mode(int previous) override;
   void memset_async(int device, void* ptr, int value, std::size_t bytes, Stream stream) override;
@@ -134,6 +141,10 @@ class SimBackend final : public Backend {
   std::size_t queued_items(int device, Stream stream) const;
 
   void set_capturing(int device, Stream stream, bool capturing);
+  // `waiting` waits for `source` inside `source`'s capture (an event recorded on `source` and waited
+  // for on `waiting`, captured): `waiting` captures from now on, in the same capture, and its next
+  // node depends on both frontiers. Throws Error(kInvalidArgument) when `source` does not capture.
+  void join_capture(int device, Stream waiting, Stream source);
   // The replay clock's time, in nanoseconds (Config::replay_clock; it starts at 0). Throws
   // Error(kInvalidArgument), and changes nothing, without a replay clock or when `ns` is less than the
   // time it has: the clock never runs back.
