@@ -99,6 +99,37 @@ TEST(RuntimeSettings, ExpandableSegmentsSwitchForNewSegments) {
   s.a().validate();
 }
 
+// PyTorch's test_max_split_expandable and test_garbage_collect_expandable: segments of both kinds under
+// a memory cap, switched between allocations; once freed, they make room for one allocation of all.
+TEST(RuntimeSettings, SegmentsOfBothKindsGiveTheirMemoryBackUnderACap) {
+  SimSetup s("", SimBackend::Mode::kEager, 1 * GiB);
+  const Stream a = s.sim->create_stream();
+  s.a().set_memory_fraction(120.0 / 1024.0, 0);
+  s.a().set_expandable_segments(false);
+  void* first = s.a().allocate(40 * MiB, 0, a);
+  s.a().set_expandable_segments(true);
+  void* second = s.a().allocate(40 * MiB, 0, a);
+  s.a().set_expandable_segments(false);
+  void* third = s.a().allocate(40 * MiB, 0, a);
+  EXPECT_THROW(s.a().allocate(40 * MiB, 0, a), Error) << "the cap is reached";
+  for (void* p : {first, second, third}) s.a().deallocate(p, 0, 0, a);
+  void* all = s.a().allocate(120 * MiB, 0, a);
+  EXPECT_NE(all, nullptr);
+  s.a().deallocate(all, 0, 0, a);
+  s.a().validate();
+
+  s.a().empty_cache();
+  first = s.a().allocate(40 * MiB, 0, a);
+  s.a().set_expandable_segments(true);
+  second = s.a().allocate(40 * MiB, 0, a);
+  s.a().deallocate(first, 0, 0, a);
+  s.a().deallocate(second, 0, 0, a);
+  void* eighty = s.a().allocate(80 * MiB, 0, a);
+  EXPECT_NE(eighty, nullptr);
+  s.a().deallocate(eighty, 0, 0, a);
+  s.a().validate();
+}
+
 TEST(RuntimeSettings, PrivatePoolsKeepFixedSegmentsWithExpandableOn) {
   SimSetup s("", SimBackend::Mode::kEager, 1 * GiB);
   const Stream a = s.sim->create_stream();

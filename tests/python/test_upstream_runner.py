@@ -68,3 +68,20 @@ def test_an_unknown_mode_is_refused(tmp_path):
     test_file.write_text(FAKE_TEST_FILE)
     result = run(tmp_path, str(test_file), "--out", str(tmp_path / "out"), "--modes", "native,fast")
     assert result.returncode == 2 and "unknown mode 'fast'" in result.stderr
+
+
+def test_arguments_after_a_double_dash_go_to_pytest(tmp_path):
+    # A collection-only dry run: pytest collects the selection and runs nothing.
+    test_file = tmp_path / "test_cuda.py"
+    test_file.write_text(FAKE_TEST_FILE)
+    selection = tmp_path / "selection.txt"
+    selection.write_text("TestCuda::test_memory_stats\nTestMemPool::test_mempool_id\n")
+    out = tmp_path / "out"
+    result = run(tmp_path, str(test_file), "--out", str(out), "--modes", "native", "--tests", str(selection),
+                 "--", "--collect-only")
+    assert result.returncode == 0, result.stdout + result.stderr
+    log = (out / "native.log").read_text()
+    assert "--collect-only" in log.splitlines()[0]
+    assert "2/3 tests collected (1 deselected)" in log
+    rows = {r["test"]: r["native"] for r in json.loads((out / "table.json").read_text())}
+    assert set(rows.values()) == {"not run"}

@@ -91,8 +91,16 @@ def main() -> int:
     parser.add_argument("--modes", default="native,streamalloc,streamalloc-expandable")
     parser.add_argument("--tests", type=Path, default=HERE / "allocator_tests.txt")
     parser.add_argument("--timeout", type=float, default=900, help="seconds for each mode's pytest process")
-    parser.add_argument("pytest_args", nargs="*", help="after --: more pytest arguments")
-    args = parser.parse_args()
+    parser.add_argument("pytest_args", nargs="*", help="after --: more pytest arguments (e.g. -- --collect-only)")
+    # Everything after "--" goes to pytest as it is: argparse would take it for this script's own
+    # arguments once the positional test file has been matched.
+    argv = sys.argv[1:]
+    extra: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1 :]
+    args = parser.parse_args(argv)
+    args.pytest_args = [*args.pytest_args, *extra]
     test_file = args.test_file.resolve()
     if not test_file.is_file():
         parser.error(f"{test_file} does not exist: obtain test/test_cuda.py as docs/pytorch.md says")
