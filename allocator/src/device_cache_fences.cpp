@@ -24,6 +24,7 @@ void DeviceCache::synchronize_fences() {
 // owner's fence has not settled yet (a settled block serves every stream from the free lists), and
 // room in the list (a fence may release many frees at once; the rest are merged).
 void DeviceCache::release_pending(Block* block, Clock::time_point now) {
+  fences_.forget_capture_free(block);
   ledger_.decrease(&DeviceStats::pending_blocks, 1);
   ledger_.decrease(&DeviceStats::pending_bytes, static_cast<std::int64_t>(block->size));
   Shard& owner = shards_.get(block->stream);

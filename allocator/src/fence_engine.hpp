@@ -116,6 +116,11 @@ class FenceEngine {
     if (capture_reuse_.on()) capture_reuse_.add(backend_, device_, block);
   }
   bool has_capture_frees() const { return capture_reuse_.on() && !capture_reuse_.empty(); }
+  // A pending block kept for reuse inside a capture is released by another way (a fence, the end of
+  // its capture): it is no longer kept.
+  void forget_capture_free(const Block* block) {
+    if (!capture_reuse_.empty()) capture_reuse_.forget(block);
+  }
   void reuse_capture_frees(Stream stream);
 
   // ---- pacing

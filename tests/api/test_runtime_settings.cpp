@@ -264,6 +264,29 @@ TEST(RuntimeSettings, WithoutReuseACaptureFreeWaitsForTheCaptureEnd) {
   s.a().release_pool(0, kGraphPool);
 }
 
+TEST(RuntimeSettings, AKeptFreeReleasedByAFenceAfterTheCaptureIsForgotten) {
+  // The use on the side stream was recorded before that stream joined the capture: it is no use of the
+  // capture, so the capture's end does not drop it, and a fence after the capture releases the block.
+  SimSetup s("");
+  s.a().set_graph_capture_record_stream_reuse(true);
+  Capture c(s);
+  void* data1 = s.a().allocate(32, 0, c.main);
+  c.kernel(c.main);
+  s.a().end_allocate_to_pool(0, kGraphPool);  // no route: the use below is not known as a capture use
+  s.a().record_stream(data1, c.side);
+  s.a().begin_allocate_to_pool(0, kGraphPool, [&](Stream st) { return s.sim->is_capturing(0, st); });
+  s.sim->join_capture(0, c.side, c.main);
+  c.kernel(c.side);
+  s.a().deallocate(data1);  // kept: both streams capture
+  s.a().validate();
+  c.end();
+  s.sim->synchronize_all();
+  s.a().synchronize_fences();
+  EXPECT_EQ(s.stats().pending_blocks.current, 0);
+  s.a().validate();
+  s.a().release_pool(0, kGraphPool);
+}
+
 TEST(RuntimeSettings, ACaptureFreeWithAUseOutsideTheCaptureIsNotReused) {
   SimSetup s("");
   s.a().set_graph_capture_record_stream_reuse(true);
