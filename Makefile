@@ -46,7 +46,7 @@ CLANG_FORMAT ?= clang-format
 FORMAT_DIRS = allocator planner torch_plugin/src torch_plugin/include tests bench examples
 FORMAT_SOURCES = $(shell git ls-files -- $(foreach d,$(FORMAT_DIRS),$(foreach e,c h cpp hpp cu cuh,'$(d)/*.$(e)')))
 
-.PHONY: help deps build test demo gpu-test gpu-sanitize gpu-soak traces bench bench-threads bench-report audit-overhead detection-rate fragmentation test-asan test-tsan fuzz format lint clean
+.PHONY: help deps build test demo gpu-test upstream-tests gpu-sanitize gpu-soak traces bench bench-threads bench-report audit-overhead detection-rate fragmentation test-asan test-tsan fuzz format lint clean
 
 help:
 	@echo "make demo      set up, build what it runs, run the allocation benchmark (streamalloc against each peer"
@@ -64,6 +64,8 @@ help:
 	@echo "make detection-rate  how often each debug option catches the prefetch pipeline's bugs, over repeated runs (GPU machine)"
 	@echo "make fragmentation  GPT-2 with random sequence lengths: peaks and largest batch under a cap, PyTorch's allocator and"
 	@echo "               streamalloc, each with and without expandable segments (GPU machine, transformers; ~5 min on an H200)"
+	@echo "make upstream-tests TEST_CUDA=path  PyTorch's own allocator tests (a copy of its test/test_cuda.py) under PyTorch's"
+	@echo "               allocator and streamalloc (UPSTREAM_MODES, UPSTREAM_OUT=dir, UPSTREAM_ARGS=\"-- --collect-only\": dry run)"
 	@echo "make gpu-sanitize  the GPU suite under compute-sanitizer memcheck"
 	@echo "make gpu-soak  on a GPU machine: the pipeline soak (SOAK_SECONDS=600, SOAK_STREAMS=4 stream pairs), every byte checked"
 	@echo "make test-asan / test-tsan   the CPU suite under ASan+UBSan / TSan"
@@ -204,6 +206,17 @@ FRAGMENTATION_ARGS ?=
 fragmentation:
 	$(RUN_ENV) $(PYTHON) bench/studies/fragmentation.py \
 	  --json $(BUILD)/fragmentation.json --markdown $(BUILD)/fragmentation.md $(FRAGMENTATION_ARGS)
+
+# PyTorch's own allocator tests (tests/upstream/run_test_cuda.py; docs/pytorch.md, "PyTorch's own allocator
+# tests"): TEST_CUDA is a copy of pytorch's test/test_cuda.py, one pytest process per mode, the table in
+# UPSTREAM_OUT. Uses the libraries of an earlier `make build` or `make gpu-test`. UPSTREAM_ARGS adds the
+# runner's options (e.g. --timeout 180, or "-- --collect-only": collect without running, no GPU needed).
+UPSTREAM_MODES ?= native,streamalloc,streamalloc-expandable
+UPSTREAM_OUT ?= $(BUILD)/upstream
+upstream-tests:
+	@test -n "$(TEST_CUDA)" || { echo "upstream-tests: set TEST_CUDA=path/to/test_cuda.py (docs/pytorch.md)"; exit 2; }
+	$(RUN_ENV) $(PYTHON) tests/upstream/run_test_cuda.py $(TEST_CUDA) --out $(UPSTREAM_OUT) \
+	  --modes $(UPSTREAM_MODES) $(UPSTREAM_ARGS)
 
 # The CPU suite under sanitizers, in build-asan / build-tsan (presets asan, tsan: configure, build and
 # test). The runs keep the model fuzzer to 50k ops per case (the test presets' STREAMALLOC_FUZZ_OPS; the
