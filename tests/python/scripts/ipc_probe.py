@@ -131,6 +131,11 @@ def main() -> None:
                     "message": str(error)[:600]}
 
     behaviour(facts, "share", time_share)
+    if args.consumer != "native":
+        # PyTorch's allocator settings configure the producer's allocator. A streamalloc consumer would follow
+        # them too (docs/pytorch.md, "PyTorch's allocator settings"), and memory in its expandable segments
+        # cannot be sent back; its own segments are set by --consumer-conf alone.
+        os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     child = Child(ctx, args.consumer, args.consumer_conf)
 
     def roundtrip(pool=None):
