@@ -37,6 +37,7 @@
 #include <deque>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
@@ -98,6 +99,51 @@ struct StreamQueue {
   std::vector<GraphNode> frontier;  // what its next captured node depends on
 };
 
+// Config::fixed_addresses: the device's addresses are numbers from one fixed range per device, the
+// lowest free ones that fit first (as a device hands out its own address space), with no host memory
+// behind them: the same addresses on every run whatever the host did before, so a replay whose choices
+// read the addresses' order (best fit, coalescing) is the same on every run. Nothing may read or write
+// that memory (memset_async refuses).
+class AddressArena {
+ public:
+  AddressArena(std::uintptr_t base, std::size_t bytes) { free_.emplace(base, bytes); }
+
+  // The lowest `alignment`-aligned address with `bytes` free after it, taken; 0 when none.
+  std::uintptr_t take(std::size_t bytes, std::size_t alignment) {
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      const std::uintptr_t start = (it->first + alignment - 1) / alignment * alignment;
+      const std::uintptr_t end = it->first + it->second;
+      if (start > end || end - start < bytes) continue;
+      const std::uintptr_t head = it->first;
+      free_.erase(it);
+      if (start > head) free_.emplace(head, start - head);
+      if (end > start + bytes) free_.emplace(start + bytes, end - (start + bytes));
+      return start;
+    }
+    return 0;
+  }
+
+  // Gives [address, address + bytes) back, merged with its free neighbours.
+  void give(std::uintptr_t address, std::size_t bytes) {
+    auto next = free_.lower_bound(address);
+    if (next != free_.end() && address + bytes == next->first) {
+      bytes += next->second;
+      next = free_.erase(next);
+    }
+    if (next != free_.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == address) {
+        prev->second += bytes;
+        return;
+      }
+    }
+    free_.emplace(address, bytes);
+  }
+
+ private:
+  std::map<std::uintptr_t, std::size_t> free_;  // address -> bytes, disjoint, not adjacent
+};
+
 struct DeviceState {
   std::size_t limit = 0;
   std::size_t reserved = 0;
@@ -106,6 +152,7 @@ struct DeviceState {
   int maps_to_refuse = 0;                             // fail_next_maps()
   StreamQueue default_stream;
   int capturing_streams = 0;
+  std::unique_ptr<AddressArena> arena;  // Config::fixed_addresses
   // The graphs of captures: every node made on a capturing stream, with the nodes it depends on.
   std::unordered_map<GraphNode, std::vector<GraphNode>> graph;
   GraphNode next_node = 0;
@@ -166,7 +213,7 @@ void drop_host_pages(void* at, std::size_t bytes, const std::string& call) {
 // Unmaps the whole mappings [at, at + bytes) (check_unmap passed): drops their host pages and forgets
 // them. Returns how many there were.
 std::size_t unmap_mappings(DeviceState& dev, std::uintptr_t at, std::size_t bytes, const std::string& call) {
-  drop_host_pages(reinterpret_cast<void*>(at), bytes, call);
+  if (!dev.arena) drop_host_pages(reinterpret_cast<void*>(at), bytes, call);
   std::vector<std::uintptr_t> unmapped;
   dev.ranges.for_each_mapping_in(
       at, bytes, [&](std::uintptr_t mapping, std::size_t, AddressRanges::Handle) { unmapped.push_back(mapping); });
@@ -400,12 +447,30 @@ SimBackend::SimBackend(Config config) : state_(std::make_unique<State>()) {
     state_->devices[d].limit = config.memory_per_device;
     state_->devices[d].ranges = AddressRanges(granularity);
     state_->devices[d].default_stream.device = static_cast<int>(d);
+    if (!config.fixed_addresses) continue;
+    // Room for the device's memory twice over (reservations of every size can leave gaps between them)
+    // and, with virtual memory, its address space.
+    std::size_t bytes = config.memory_per_device;
+    if (bytes > (std::size_t{1} << 44)) {
+      throw Error(ErrorCode::kConfig, "SimBackend: memory_per_device is too large for fixed_addresses");
+    }
+    bytes = 2 * ((bytes + granularity - 1) / granularity * granularity);
+    if (config.virtual_memory) {
+      const std::size_t space = config.address_space_per_device / granularity * granularity;
+      if (space > (std::size_t{1} << 47) - bytes) {
+        throw Error(ErrorCode::kConfig, "SimBackend: address_space_per_device is too large for fixed_addresses");
+      }
+      bytes += space;
+    }
+    // Device d's range starts at (d + 1) * 2^48: below 2^64 for every device count the host can hold.
+    state_->devices[d].arena = std::make_unique<AddressArena>((std::uintptr_t{d} + 1) << 48, bytes);
   }
 }
 
 SimBackend::~SimBackend() {
   // Queued work is dropped unrun; memory the caller never released (leak tests) is freed here.
   for (DeviceState& dev : state_->devices) {
+    if (dev.arena) continue;  // fixed addresses: no host memory behind them
     for (const auto& [address, bytes] : dev.allocations) std::free(reinterpret_cast<void*>(address));
     dev.ranges.for_each_range(
         [](std::uintptr_t base, std::size_t bytes) { munmap(reinterpret_cast<void*>(base), bytes); });
@@ -427,8 +492,14 @@ void* SimBackend::reserve(int device, std::size_t bytes) {
   if (!dev.fits(bytes)) return nullptr;
   const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   if (rounded < bytes) return nullptr;  // overflow: cannot exist
-  void* ptr = std::aligned_alloc(kAlignment, rounded);
-  if (ptr == nullptr) return nullptr;  // the host itself is out of memory: the same outcome
+  void* ptr = nullptr;
+  if (dev.arena) {
+    ptr = reinterpret_cast<void*>(dev.arena->take(rounded, kAlignment));
+    if (ptr == nullptr) return nullptr;  // the range is too fragmented: as a device out of address space
+  } else {
+    ptr = std::aligned_alloc(kAlignment, rounded);
+    if (ptr == nullptr) return nullptr;  // the host itself is out of memory: the same outcome
+  }
   dev.allocations.emplace(reinterpret_cast<std::uintptr_t>(ptr), bytes);
   dev.reserved += bytes;
   return ptr;
@@ -459,7 +530,11 @@ void SimBackend::release(int device, void* ptr, std::size_t bytes) {
   check(it);  // again: another thread may have released it while the streams ran unlocked
   dev.allocations.erase(it);
   dev.reserved -= bytes;
-  std::free(ptr);
+  if (dev.arena) {
+    dev.arena->give(address, (bytes + kAlignment - 1) / kAlignment * kAlignment);
+  } else {
+    std::free(ptr);
+  }
 }
 
 Event SimBackend::create_event(int device) {
@@ -578,6 +653,11 @@ void SimBackend::memset_async(int device, void* ptr, int value, std::size_t byte
     }
     throw Error(ErrorCode::kBackend, call + ": range is not inside memory reserved on this device");
   }
+  if (dev.arena) {
+    throw Error(ErrorCode::kBackend, "SimBackend::memset_async(device " + std::to_string(device) +
+                                         "): the device's memory has fixed addresses (Config::fixed_addresses) "
+                                         "and no host memory behind them");
+  }
   ++state_->counters.memsets;
   dev.capture_node(q);
   state_->enqueue_host(lock, q, [ptr, value, bytes] { std::memset(ptr, value, bytes); });
@@ -622,7 +702,8 @@ void* SimBackend::reserve_address_range(int device, std::size_t bytes) {
   const std::size_t space = state_->config.address_space_per_device;
   const std::size_t taken = dev.ranges.reserved_bytes();
   if (taken > space || bytes > space - taken) return nullptr;
-  void* base = reserve_host_range(bytes, dev.ranges.page_bytes());
+  void* base = dev.arena ? reinterpret_cast<void*>(dev.arena->take(bytes, dev.ranges.page_bytes()))
+                         : reserve_host_range(bytes, dev.ranges.page_bytes());
   if (base == nullptr) return nullptr;  // the host's address space is exhausted: the same outcome
   dev.ranges.add_range(reinterpret_cast<std::uintptr_t>(base), bytes);
   ++state_->counters.address_range_reserves;
@@ -637,7 +718,7 @@ bool SimBackend::map_pages(int device, void* at, std::size_t bytes) {
   const std::string call = vm_call("map_pages", device, at, bytes);
   dev.ranges.check_map(address, bytes, call);
   const bool refused = dev.maps_to_refuse > 0 || !dev.fits(bytes);
-  if (refused || mprotect(at, bytes, PROT_READ | PROT_WRITE) != 0) {
+  if (refused || (!dev.arena && mprotect(at, bytes, PROT_READ | PROT_WRITE) != 0)) {
     if (dev.maps_to_refuse > 0) --dev.maps_to_refuse;
     if (!refused) drop_host_pages(at, bytes, call);  // the host ran out part way: undo the pages it changed
     ++state_->counters.map_refusals;
@@ -681,7 +762,11 @@ void SimBackend::release_address_range(int device, void* base, std::size_t bytes
   if (!state_->config.virtual_memory) unsupported("release_address_range", device);
   const auto address = reinterpret_cast<std::uintptr_t>(base);
   dev.ranges.check_release(address, bytes, vm_call("release_address_range", device, base, bytes));
-  munmap(base, bytes);  // whole pages of our own mapping: cannot fail
+  if (dev.arena) {
+    dev.arena->give(address, bytes);
+  } else {
+    munmap(base, bytes);  // whole pages of our own mapping: cannot fail
+  }
   dev.ranges.remove_range(address);
   ++state_->counters.address_range_releases;
 }

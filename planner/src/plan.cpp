@@ -120,6 +120,7 @@ RunResult run_streamalloc(const EventList& list, const std::string& conf, std::s
   const bool manual = list.explicit_completions;
   sim.mode = manual ? SimBackend::Mode::kManual : SimBackend::Mode::kEager;
   sim.replay_clock = list.timed;
+  sim.fixed_addresses = true;  // a plan is the same on every run
   auto backend = std::make_shared<SimBackend>(sim);
   options.sim_memory_bytes = sim.memory_per_device;
   RunResult out;

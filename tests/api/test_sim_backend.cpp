@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -522,6 +523,62 @@ TEST(SimBackendThreads, HostWaitsAcrossThreadsUnblockWaitingStreams) {
   threads.emplace_back([&] { sim.synchronize_stream(0, producer); });
   for (std::thread& thread : threads) thread.join();
   EXPECT_EQ(seen, (std::vector<int>{1, 1, 1, 1}));
+}
+
+// ---- fixed addresses: the same on every run, lowest first, no host memory behind them ----
+
+SimBackend::Config fixed_config() {
+  SimBackend::Config config = eager_config();
+  config.fixed_addresses = true;
+  return config;
+}
+
+TEST(SimBackendFixedAddresses, EveryBackendHandsOutTheSameAddresses) {
+  std::vector<std::uintptr_t> seen[2];
+  for (auto& addresses : seen) {
+    std::vector<void*> junk;  // the host's heap differs between the two runs
+    for (int i = 0; i < 50; ++i)
+      junk.push_back(std::malloc(static_cast<std::size_t>(4096 * (i + 1) * (&addresses - seen + 1))));
+    SimBackend sim(fixed_config());
+    void* a = sim.reserve(0, 3 * MiB);
+    void* b = sim.reserve(0, 1000);
+    void* range = sim.reserve_address_range(0, 8 * MiB);
+    for (void* p : {a, b, range}) addresses.push_back(reinterpret_cast<std::uintptr_t>(p));
+    sim.release_address_range(0, range, 8 * MiB);
+    sim.release(0, b, 1000);
+    sim.release(0, a, 3 * MiB);
+    for (void* p : junk) std::free(p);
+  }
+  EXPECT_EQ(seen[0], seen[1]);
+}
+
+TEST(SimBackendFixedAddresses, LowestFreeAddressFirstAndReleasedAddressesReused) {
+  SimBackend sim(fixed_config());
+  auto* a = static_cast<char*>(sim.reserve(0, 1 * MiB));
+  auto* b = static_cast<char*>(sim.reserve(0, 1 * MiB));
+  auto* c = static_cast<char*>(sim.reserve(0, 1 * MiB));
+  EXPECT_EQ(b, a + MiB);
+  EXPECT_EQ(c, b + MiB);
+  sim.release(0, a, 1 * MiB);
+  sim.release(0, b, 1 * MiB);
+  EXPECT_EQ(sim.reserve(0, 2 * MiB), a);  // the two freed neighbours merged
+  EXPECT_EQ(sim.reserve(0, 512), c + MiB);
+}
+
+TEST(SimBackendFixedAddresses, MemsetIsRefusedWithTheReason) {
+  SimBackend sim(fixed_config());
+  void* a = sim.reserve(0, 4096);
+  expect_backend_error([&] { sim.memset_async(0, a, 0, 4096, 0); }, {"no host memory behind them"});
+  sim.release(0, a, 4096);
+}
+
+TEST(SimBackendFixedAddresses, MemoryLimitStillHolds) {
+  SimBackend sim(fixed_config());  // 64 MiB
+  void* a = sim.reserve(0, 60 * MiB);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(sim.reserve(0, 8 * MiB), nullptr);
+  sim.release(0, a, 60 * MiB);
+  EXPECT_NE(sim.reserve(0, 8 * MiB), nullptr);
 }
 
 }  // namespace

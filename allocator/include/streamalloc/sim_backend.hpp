@@ -69,6 +69,10 @@ class SimBackend final : public Backend {
     // The allocator reads its fence pacing time from set_time() (Backend::replay_clock) instead of the
     // host's clock: a replay gives it the recorded job's time.
     bool replay_clock = false;
+    // Device addresses come from one host range per device, lowest first, so that their order is the same
+    // on every run (a replay's outcome can depend on it: best fit and coalescing order by address).
+    // Otherwise reservations come from the host's heap and mappings where the host puts them.
+    bool fixed_addresses = false;
   };
 
   struct Counters {  // COUNT of backend calls, for tests that check batching and host syncs
