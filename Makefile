@@ -209,13 +209,14 @@ fragmentation:
 
 # PyTorch's own allocator tests (tests/upstream/run_test_cuda.py; docs/pytorch.md, "PyTorch's own allocator
 # tests"): TEST_CUDA is a copy of pytorch's test/test_cuda.py, one pytest process per mode, the table in
-# UPSTREAM_OUT. Uses the libraries of an earlier `make build` or `make gpu-test`. UPSTREAM_ARGS adds the
+# UPSTREAM_OUT. Uses the libraries of an earlier `make build` or `make gpu-test`; PYTHONPATH is kept (the runner
+# adds the package), so test dependencies installed elsewhere (expecttest) are found. UPSTREAM_ARGS adds the
 # runner's options (e.g. --timeout 180, or "-- --collect-only": collect without running, no GPU needed).
 UPSTREAM_MODES ?= native,streamalloc,streamalloc-expandable
 UPSTREAM_OUT ?= $(BUILD)/upstream
 upstream-tests:
 	@test -n "$(TEST_CUDA)" || { echo "upstream-tests: set TEST_CUDA=path/to/test_cuda.py (docs/pytorch.md)"; exit 2; }
-	$(RUN_ENV) $(PYTHON) tests/upstream/run_test_cuda.py $(TEST_CUDA) --out $(UPSTREAM_OUT) \
+	STREAMALLOC_LIBRARY_DIR=$(abspath $(BUILD))/lib $(PYTHON) tests/upstream/run_test_cuda.py $(TEST_CUDA) --out $(UPSTREAM_OUT) \
 	  --modes $(UPSTREAM_MODES) $(UPSTREAM_ARGS)
 
 # The CPU suite under sanitizers, in build-asan / build-tsan (presets asan, tsan: configure, build and
