@@ -61,7 +61,7 @@ struct alignas(kCacheLine) Block {
   std::uint64_t settle_seq = 0;
   // Key of the free index the block sits in (owner stream, or a shared key for settled blocks).
   Stream index_key = 0;
-  // Allocated at (live) or freed at (pending/free), except that a free block parked in its stream's hot
+  // Allocated at (live) or freed at (pending/free), except that a free block kept in its stream's hot
   // list keeps the time it was allocated (the fast path's free reads no clock: docs/design.md, "Locking").
   Clock::time_point since{};
   // Intrusive links of the owner stream's list of unsettled blocks, in settle_seq order.
@@ -70,7 +70,7 @@ struct alignas(kCacheLine) Block {
   bool in_settle_list = false;
   // Free but held back from reuse by a debugging aid (quarantine): in no index, never merged.
   bool held = false;
-  // Free, owned by its stream, and parked unmerged in that stream's hot list for an exact-size reuse.
+  // Free, owned by its stream, and kept unmerged in that stream's hot list for an exact-size reuse.
   bool hot = false;
   // Allocated or hot: in its stream's shard (Shard::live or ::hot), where the per-stream fast
   // path changes it under the shard's lock alone. Written only under the device lock and the shard

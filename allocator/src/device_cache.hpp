@@ -190,7 +190,7 @@ class DeviceCache {
   // A live block, checked, its shard locked: back to its owner stream (its hot list while its batch is
   // open, else the free lists), or pending when it has other uses.
   void free_live(Block* block);
-  // FenceEngine::Parts::release: every fence of a pending block has completed (at `now`). It is parked
+  // FenceEngine::Parts::release: every fence of a pending block has completed (at `now`). It goes
   // in its owner's hot list while a fence pass or poll runs and the list has room (docs/design.md,
   // "Fences: batching and pipelining"), else it enters the free lists.
   void release_pending(Block* block, Clock::time_point now);

@@ -25,7 +25,7 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
   note_device_total();
   if (requested > size_policy::kMaxRequest || requested > device_total_) throw_out_of_memory(requested, stream);
   Shard& own = shards_.get(stream);  // first sight of a stream checks that it belongs to this device
-  ++own.counts.allocations_device_locked;
+  own.count(&StreamCounts::allocations_device_locked);
   MemoryPool& pool = pools_.pool_for(stream);
   if (fences_.has_capture_frees()) fences_.reuse_capture_frees(stream);
   const std::size_t size = rounding_.round(requested);
@@ -41,7 +41,7 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
     // (docs/design.md, "Expandable segments", "Packing").
     if (kind == SizeClass::kLarge || expandable_.grows(pool)) free_.flush_hot(own, 0);
   }
-  // A poll on the allocation path parks the blocks it releases in their allocation streams' hot lists
+  // A poll on the allocation path puts the blocks it releases in their allocation streams' hot lists
   // (DeviceCache::release_pending): the allocating stream's may serve it.
   const auto take_hot_after_poll = [&]() -> Block* {
     if (!pools_.is_default(&pool) || !own.has_hot()) return nullptr;
@@ -55,7 +55,7 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
   if (ledger_.stats().pending_blocks.current > 0) {
     const Clock::time_point now = fences_.coarse_now();
     if (fences_.start_pending_poll(now)) {
-      const FenceEngine::Parking parking(fences_);
+      const FenceEngine::HotReleases to_hot(fences_);
       fences_.poll(/*close_batches=*/false);
       if (Block* hot = take_hot_after_poll()) return hand_out_hot(own, hot, requested);
     }
@@ -70,7 +70,7 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
     // lock, where a miss of its own would flush the others' again (docs/design.md, "The allocation
     // path", step 2). A program that allocates from one thread flushes every hot list at once.
     {
-      const FenceEngine::Parking parking(fences_);
+      const FenceEngine::HotReleases to_hot(fences_);
       fences_.close_batches_and_poll(&own, FenceEngine::HotLists::kThisThreads);
     }
     if (Block* hot = take_hot_after_poll()) return hand_out_hot(own, hot, requested);
@@ -103,16 +103,16 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
     }
   }
   if (block == nullptr) throw_out_of_memory(requested, stream);
-  own.thread = this_thread_token();
+  own.note_thread();
   return reinterpret_cast<void*>(hand_out(free_.take(block, size), requested, stream)->address);
 }
 
 void* DeviceCache::hand_out_hot(Shard& own, Block* hot, std::size_t requested) {
-  ledger_.give_headroom_for_unpark(own, hot, requested);
+  ledger_.give_headroom_for_hot_reuse(own, hot, requested);
   own.reuse_hot(hot, requested);
   if (size_policy::is_oversize(hot->size, options_)) ledger_.increase(&DeviceStats::oversize_allocations, 1);
   if (aids_ != nullptr) aids_->on_allocate(*hot);
-  own.thread = this_thread_token();
+  own.note_thread();
   return reinterpret_cast<void*>(hot->address);
 }
 
@@ -155,7 +155,7 @@ Block* DeviceCache::reserve_segment(MemoryPool& pool, SizeClass kind, std::size_
   Segment* segment = segments_.reserve(kind, &pool, segment_size, stream);
   if (segment == nullptr) return nullptr;
   if (aids_ != nullptr) aids_->on_segment(TraceAction::kSegmentAlloc, *segment);
-  ++pool.segments;
+  pool.note_segment(+1);
   ledger_.count(&DeviceStats::num_device_alloc);
   ledger_.increase(&DeviceStats::segment, kind, 1);
   ledger_.increase(&DeviceStats::reserved_bytes, kind, static_cast<std::int64_t>(segment_size));

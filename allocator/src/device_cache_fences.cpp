@@ -17,7 +17,7 @@ void DeviceCache::synchronize_fences() {
 // A pending block whose fences have all completed is safe for its allocation stream, like a block
 // freed there without other uses, and that stream is the one likely to ask for its size next (a
 // cross-stream loop allocates on the producer, uses on the consumer, frees). So during a free's fence
-// pass and an allocation's polls (FenceEngine::parks_released), the block is parked in its owner's hot
+// pass and an allocation's polls (FenceEngine::releases_to_hot), the block is kept in its owner's hot
 // list, where the next allocation of its size takes it back on the stream's shard lock alone, without
 // the merge into the free lists and the split out of them. Only where the allocation path keeps
 // hot blocks anyway: small blocks of fixed segments of the default pool, no aid, a block its
@@ -33,17 +33,16 @@ void DeviceCache::release_pending(Block* block, Clock::time_point now) {
   // other streams only after a fence recorded behind it: it rejoins the owner's open batch (its old
   // batch may have completed already).
   if (aids_ != nullptr && aids_->on_reusable(*block)) {
-    block->settle_seq = owner.fences.join_as_owner();
+    block->settle_seq = owner.join_open_batch();
   }
   ledger_.note_free_to_reusable(std::chrono::duration_cast<std::chrono::microseconds>(now - block->since));
   block->state = BlockState::kFree;
   block->settled = false;
   block->recorded_streams.clear();
-  if (fences_.parks_released() && (aids_ == nullptr || !aids_->beyond_history()) &&
+  if (fences_.releases_to_hot() && (aids_ == nullptr || !aids_->beyond_history()) &&
       pools_.is_default(block->segment->owner) && block->segment->size_class == SizeClass::kSmall &&
-      !expandable_.grows(pools_.default_pool()) && !owner.hot_full() &&
-      owner.fences.completed_seq() < block->settle_seq) {
-    free_.park_hot(owner, block);
+      !expandable_.grows(pools_.default_pool()) && !owner.hot_full() && !owner.fence_completed(block)) {
+    free_.make_hot(owner, block);
     return;
   }
   free_.make_available(block, aids_.get());

@@ -35,8 +35,8 @@ bool DeviceCache::deallocate_locked(std::uintptr_t address, std::size_t size_hin
     fences_.add_use(block, stream_hint, NewUse::kFreeOnStream, pools_.has_routes());
   }
   Shard& owner = shards_.get(block->stream);
-  owner.thread = this_thread_token();
-  ++owner.counts.frees_device_locked;
+  owner.note_thread();
+  owner.count(&StreamCounts::frees_device_locked);
   free_live(block);
   return true;
 }
@@ -63,14 +63,14 @@ void DeviceCache::free_live(Block* block) {
   ledger_.account_inactive(block, nullptr);
   // No other uses: stream order makes the block safe for its allocation stream at once. It joins that
   // stream's open batch, whose fence will make it safe for every stream (settled). Until that batch is
-  // fenced it is parked in the stream's hot list, where an allocation of the same size takes it back.
+  // fenced it is kept in the stream's hot list, where an allocation of the same size takes it back.
   block->state = BlockState::kFree;
   block->settled = false;
-  block->settle_seq = owner.fences.join_as_owner();
+  block->settle_seq = owner.join_open_batch();
   // Private pools keep no hot list: their blocks go back to their own pool's free lists.
   if ((aids_ == nullptr || !aids_->holds_blocks()) && pools_.is_default(block->segment->owner) &&
-      owner.fences.completed_seq() < block->settle_seq) {
-    free_.park_hot(owner, block);
+      !owner.fence_completed(block)) {
+    free_.make_hot(owner, block);
     if (owner.hot_over()) free_.flush_hot(owner, Shard::kHotBlocks / 2);
     return;
   }

@@ -30,15 +30,15 @@ std::size_t DeviceCache::release_free_segments(std::size_t target_bytes, const M
     if (head->in_shard || head->state != BlockState::kFree || !head->settled || head->held || head->next != nullptr)
       continue;
     free_.remove(head);
-    --owner->segments;
-    const SizeClass pool = segment->size_class;
+    owner->note_segment(-1);
+    const SizeClass size_class = segment->size_class;
     const std::size_t size = segment->size;
     if (aids_ != nullptr) aids_->on_segment(TraceAction::kSegmentFree, *segment);
     segments_.release(segment);
     ledger_.count(&DeviceStats::num_device_free);
     released += size;
-    ledger_.decrease(&DeviceStats::segment, pool, 1);
-    ledger_.decrease(&DeviceStats::reserved_bytes, pool, static_cast<std::int64_t>(size));
+    ledger_.decrease(&DeviceStats::segment, size_class, 1);
+    ledger_.decrease(&DeviceStats::reserved_bytes, size_class, static_cast<std::int64_t>(size));
     if (size_policy::is_oversize(size, options_)) ledger_.decrease(&DeviceStats::oversize_segments, 1);
   }
   pools_.erase_empty_freeable();

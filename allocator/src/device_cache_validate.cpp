@@ -39,7 +39,7 @@ void DeviceCache::validate() const {
     std::int64_t allocated_bytes = 0, reserved_bytes = 0, active_bytes = 0, inactive_split_bytes = 0,
                  requested_bytes = 0;
   };
-  Totals pools[kSizeClasses];
+  Totals by_class[kSizeClasses];
   std::int64_t pending_blocks = 0, pending_bytes = 0, oversize_allocations = 0, oversize_segments = 0;
   auto oversize = [&](std::size_t size) { return size_policy::is_oversize(size, options_); };
   std::size_t free_blocks[2] = {0, 0};  // unsettled, settled
@@ -83,10 +83,10 @@ void DeviceCache::validate() const {
     for (const Block* b : state->hot) {
       if (!b->hot || !b->in_shard || b->state != BlockState::kFree || b->stream != stream) {
         broken(device_,
-               "hot list of stream " + hex(stream) + " holds block " + hex(b->address) + " that is not parked there");
+               "hot list of stream " + hex(stream) + " holds block " + hex(b->address) + " that is not hot there");
       }
       if (state->live.find(b->address) != nullptr) {
-        broken(device_, "block " + hex(b->address) + " is both live and parked in stream " + hex(stream) + "'s shard");
+        broken(device_, "block " + hex(b->address) + " is both live and kept in stream " + hex(stream) + "'s shard");
       }
       ++hot_listed;
     }
@@ -144,7 +144,7 @@ void DeviceCache::validate() const {
     reserved += segment->size;
     if (oversize(segment->size) && !segment->expandable()) ++oversize_segments;  // its size is mapped pages
     expandable_.validate(segment, device_);
-    Totals& t = pools[class_index(segment->size_class)];
+    Totals& t = by_class[class_index(segment->size_class)];
     t.segment += 1;
     t.reserved_bytes += static_cast<std::int64_t>(segment->size);
     std::uintptr_t expected_address = address;
@@ -290,16 +290,16 @@ void DeviceCache::validate() const {
 
   Totals all;
   for (int p = 1; p < kSizeClasses; ++p) {
-#define STREAMALLOC_SUM(name, kind, help) all.name += pools[p].name;
+#define STREAMALLOC_SUM(name, kind, help) all.name += by_class[p].name;
     STREAMALLOC_POOL_STATS(STREAMALLOC_SUM)
 #undef STREAMALLOC_SUM
   }
-  pools[0] = all;
-  static const char* const kPoolNames[] = {"all", "small_pool", "large_pool"};
+  by_class[0] = all;
+  static const char* const kClassKeys[] = {"all", "small_pool", "large_pool"};
   const DeviceStats stats = ledger_.with_shards(shards_);
   for (int p = 0; p < kSizeClasses; ++p) {
-#define STREAMALLOC_CHECK(name, kind, help)                                                           \
-  check_stat(device_, (std::string(#name ".") + kPoolNames[p]).c_str(), stats.name[p], pools[p].name, \
+#define STREAMALLOC_CHECK(name, kind, help)                                                              \
+  check_stat(device_, (std::string(#name ".") + kClassKeys[p]).c_str(), stats.name[p], by_class[p].name, \
              !ledger_.accumulated_reset());
     STREAMALLOC_POOL_STATS(STREAMALLOC_CHECK)
 #undef STREAMALLOC_CHECK
@@ -308,7 +308,7 @@ void DeviceCache::validate() const {
   // the current it makes up the peak exactly.
   for (int s = 0; s < kFastStats; ++s) {
     for (int p = 0; p < kSizeClasses; ++p) {
-      const std::string name = std::string(kFastStatNames[static_cast<std::size_t>(s)]) + "." + kPoolNames[p];
+      const std::string name = std::string(kFastStatNames[static_cast<std::size_t>(s)]) + "." + kClassKeys[p];
       std::int64_t headroom = ledger_.device_headroom(static_cast<FastStat>(s), p);
       if (headroom < 0) broken(device_, name + ": the device's headroom is negative");
       for (const auto& [stream, state] : shards_) {

@@ -63,7 +63,7 @@ Block* ExpandableSegments::grow(SizeClass kind, std::size_t size, Stream stream,
   const auto near_cap = [&](std::size_t growth) { return p_.segments.reserved_bytes() + growth > cap / 2; };
   if (Segment* segment = growing(stream, kind)) {
     Block* tail = segment->tail;
-    // The last block grows when this allocation may take it: free in the lists (not parked, held or
+    // The last block grows when this allocation may take it: free in the lists (not hot, held or
     // pending), and owned by this stream or settled where this stream may take settled blocks. Else
     // the new pages are a block of their own, handed out at once (the caller takes it), so they never
     // merge into a block of another stream.
@@ -115,7 +115,7 @@ Block* ExpandableSegments::grow(SizeClass kind, std::size_t size, Stream stream,
   if (p_.aids != nullptr) {
     p_.aids->on_segment_pages(TraceAction::kSegmentMap, *segment, segment->address, bytes);
   }
-  ++p_.default_pool.segments;
+  p_.default_pool.note_segment(+1);
   p_.ledger.count(&DeviceStats::num_device_alloc);
   p_.ledger.increase(&DeviceStats::segment, kind, 1);
   p_.ledger.increase(&DeviceStats::reserved_bytes, kind, static_cast<std::int64_t>(bytes));
@@ -127,7 +127,7 @@ Block* ExpandableSegments::grow(SizeClass kind, std::size_t size, Stream stream,
 // for all segments at once (release_free_segments). Only free blocks that no stream can touch
 // (settled, in the free lists) give memory back, and only the pieces that lie entirely inside one:
 // a piece goes back whole or not at all (never split: docs/design.md, "Expandable segments"), so a
-// piece that holds part of a live, pending, parked or held block stays mapped. Settled free neighbours
+// piece that holds part of a live, pending, hot or held block stays mapped. Settled free neighbours
 // always merge, so no piece lies across two free blocks that could both go. A backend error changes
 // nothing.
 std::size_t ExpandableSegments::trim(Segment* segment) {
@@ -192,7 +192,7 @@ std::size_t ExpandableSegments::release(Segment* segment) {
     throw;
   }
   forget(segment);
-  --owner->segments;
+  owner->note_segment(-1);
   p_.ledger.count(&DeviceStats::num_device_free);
   p_.ledger.decrease(&DeviceStats::segment, kind, 1);
   p_.ledger.decrease(&DeviceStats::reserved_bytes, kind, static_cast<std::int64_t>(bytes));

@@ -49,7 +49,7 @@ void FenceEngine::make_pending(Block* block) {
 // A used stream that captures keeps the free in its open batch (`frees_deferred_capture`), fenced by a
 // poll after the capture.
 void FenceEngine::fence_after_free(const Block* block) {
-  const Parking parking(*this);
+  const HotReleases to_hot(*this);
   bool deferred = false;
   // The free has happened; a device error in this opportunistic pass must not report it as failed.
   // The batch stays open and the next allocation that misses the cache fences it.

@@ -3,7 +3,7 @@
 // with, the uses recorded on streams while they captured a graph (the capture rule), and the pacing of
 // fence passes: frees with uses pass over their streams' fences at most once per kFenceBatchWindow, the
 // allocation path polls pending blocks at most once per tick of the coarse clock, and while a pass or
-// a poll runs the blocks it releases are parked in their owners' hot lists (parks_released). The
+// a poll runs the blocks it releases are kept in their owners' hot lists (releases_to_hot). The
 // pacing, the fences' times and the free times of pending blocks read the engine's clock (now(),
 // coarse_now()): the host's, or the backend's replay clock (Backend::replay_clock), which a replay of a
 // recorded job sets to the job's time so that passes and polls fall where the job's did.
@@ -138,17 +138,17 @@ class FenceEngine {
   }
   // While one lives, a fence pass or poll runs: the blocks it releases are likely to be asked for next
   // by the stream that allocated them, so the cache puts them in that stream's hot list (Parts::release).
-  class Parking {
+  class HotReleases {
    public:
-    explicit Parking(FenceEngine& engine) : flag_(engine.park_released_) { flag_ = true; }
-    ~Parking() { flag_ = false; }
-    Parking(const Parking&) = delete;
-    Parking& operator=(const Parking&) = delete;
+    explicit HotReleases(FenceEngine& engine) : flag_(engine.release_to_hot_) { flag_ = true; }
+    ~HotReleases() { flag_ = false; }
+    HotReleases(const HotReleases&) = delete;
+    HotReleases& operator=(const HotReleases&) = delete;
 
    private:
     bool& flag_;
   };
-  bool parks_released() const { return park_released_; }
+  bool releases_to_hot() const { return release_to_hot_; }
 
  private:
   // Frees with uses poll and record fences at most once per window.
@@ -184,7 +184,7 @@ class FenceEngine {
   CaptureReuse capture_reuse_;
   Clock::time_point last_fence_pass_{};
   Clock::time_point last_pending_poll_{};  // coarse clock
-  bool park_released_ = false;
+  bool release_to_hot_ = false;
 };
 
 }  // namespace streamalloc

@@ -74,9 +74,9 @@ void FreeBlocks::enter_after_hold(const std::vector<Block*>& released) {
   }
 }
 
-void FreeBlocks::park_hot(Shard& owner, Block* block) {
+void FreeBlocks::make_hot(Shard& owner, Block* block) {
   shards_.enter(block);
-  // From the owner's headroom first: its fast path's unpark returned it there.
+  // From the owner's headroom first: its fast path's hot reuse returned it there.
   ledger_.count_inactive_split(block, block->is_split(), &owner.stats);
   owner.push_hot(block);
 }

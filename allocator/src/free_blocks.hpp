@@ -48,7 +48,7 @@ class FreeBlocks {
 
   // ---- hot blocks: `block`, free in its owner's open batch, goes to `owner`'s hot list (locked);
   // flushes move hot blocks into the lists
-  void park_hot(Shard& owner, Block* block);
+  void make_hot(Shard& owner, Block* block);
   void flush_hot(Shard& shard, std::size_t keep);  // all but the `keep` newest
   void flush_all_hot();
   void flush_thread_hot(std::uintptr_t thread);  // of the streams whose last device-locked call was `thread`'s

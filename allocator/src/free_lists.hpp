@@ -23,43 +23,43 @@ class FreeLists {
 
   // Index a free block by its state (settled or owned by block->stream).
   void insert(Block* block) {
-    const int pool = class_index(block->segment->size_class);
+    const int c = class_index(block->segment->size_class);
     if (block->settled) {
-      settled_[pool].insert(block, settled_key(block->stream));
+      settled_[c].insert(block, settled_key(block->stream));
     } else {
-      owned_[pool].insert(block, block->stream);
+      owned_[c].insert(block, block->stream);
     }
   }
   void erase(Block* block) {
-    const int pool = class_index(block->segment->size_class);
+    const int c = class_index(block->segment->size_class);
     if (block->settled) {
-      settled_[pool].erase(block);
+      settled_[c].erase(block);
     } else {
-      owned_[pool].erase(block);
+      owned_[c].erase(block);
     }
   }
 
   // The smallest block of at least `size` bytes owned by `stream`, or nullptr.
-  Block* best_owned(SizeClass pool, Stream stream, std::size_t size) const {
-    return owned_[class_index(pool)].best_fit(stream, size);
+  Block* best_owned(SizeClass size_class, Stream stream, std::size_t size) const {
+    return owned_[class_index(size_class)].best_fit(stream, size);
   }
   // The smallest settled block of at least `size` bytes that `stream` may take, or nullptr.
-  Block* best_settled(SizeClass pool, Stream stream, std::size_t size) const {
-    return settled_[class_index(pool)].best_fit(settled_key(stream), size);
+  Block* best_settled(SizeClass size_class, Stream stream, std::size_t size) const {
+    return settled_[class_index(size_class)].best_fit(settled_key(stream), size);
   }
 
   // The owned (of `stream`) or settled (that `stream` may take) blocks of at least `size` bytes,
   // smallest first, until `visit` returns false.
   template <typename F>
-  void for_each_owned_fit(SizeClass pool, Stream stream, std::size_t size, F&& visit) const {
-    owned_[class_index(pool)].for_each_fit(stream, size, visit);
+  void for_each_owned_fit(SizeClass size_class, Stream stream, std::size_t size, F&& visit) const {
+    owned_[class_index(size_class)].for_each_fit(stream, size, visit);
   }
   template <typename F>
-  void for_each_settled_fit(SizeClass pool, Stream stream, std::size_t size, F&& visit) const {
-    settled_[class_index(pool)].for_each_fit(settled_key(stream), size, visit);
+  void for_each_settled_fit(SizeClass size_class, Stream stream, std::size_t size, F&& visit) const {
+    settled_[class_index(size_class)].for_each_fit(settled_key(stream), size, visit);
   }
 
-  // Merge rule: two address neighbours merge when both are free and indexed (not parked in a hot list,
+  // Merge rule: two address neighbours merge when both are free and indexed (not kept in a hot list,
   // not held back), touch (no unmapped pages between them) and either settled, or owned by one stream, or one settled
   // and one owned: settled memory is safe for the owner too, so the merged block stays owned and settles with the
   // owner's fence (keeping them apart strands settled memory next to every owned block).
@@ -120,8 +120,8 @@ class FreeLists {
   Stream settled_key(Stream owner) const { return settled_per_stream_ ? owner : 0; }
 
   bool settled_per_stream_;
-  std::array<FreeIndex, kSizeClasses> owned_;    // [pool], keyed by owner stream
-  std::array<FreeIndex, kSizeClasses> settled_;  // [pool], keyed by settled_key()
+  std::array<FreeIndex, kSizeClasses> owned_;    // [class index], keyed by owner stream
+  std::array<FreeIndex, kSizeClasses> settled_;  // [class index], keyed by settled_key()
 };
 
 }  // namespace streamalloc

@@ -22,6 +22,7 @@ struct MemoryPool {
   // A private pool nobody uses any more: empty_cache() gives its free segments back, and erases the
   // pool once it holds none. The default pool is never freeable.
   bool freeable() const { return !is_default() && use_count == 0; }
+  void note_segment(int change) { segments = static_cast<std::size_t>(static_cast<std::ptrdiff_t>(segments) + change); }
 
   const PoolId id;
   FreeLists free;

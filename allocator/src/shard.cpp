@@ -18,15 +18,15 @@ namespace {
 // that another stream's fast path reads. The increases must be covered by the shard's headroom, which
 // the callers check before changing anything. File-local, so that each inlines into its one caller.
 
-bool unpark_covered(const ShardStats& stats, int size_class, std::int64_t size, std::int64_t requested) {
+bool hot_reuse_covered(const ShardStats& stats, int size_class, std::int64_t size, std::int64_t requested) {
   bool covered = true;
-  for_each_unpark_raise(size, requested, [&](FastStat s, std::int64_t amount) {
+  for_each_hot_reuse_raise(size, requested, [&](FastStat s, std::int64_t amount) {
     covered = covered && stats.covers(s, size_class, amount);
   });
   return covered;
 }
 
-bool park_covered(const ShardStats& stats, const Block* block) {
+bool make_hot_covered(const ShardStats& stats, const Block* block) {
   if (!block->split_in_shard || block->counted_inactive_split) return true;  // no inactive split to count
   const int size_class = class_index(block->segment->size_class);
   return stats.covers(kInactiveSplit, size_class, 1) &&
@@ -34,7 +34,7 @@ bool park_covered(const ShardStats& stats, const Block* block) {
 }
 
 // account_allocated, less the inactive split it was.
-void account_unparked(ShardStats& stats, Block* block, std::size_t requested) {
+void account_hot_reused(ShardStats& stats, Block* block, std::size_t requested) {
   const int size_class = class_index(block->segment->size_class);
   const auto size = static_cast<std::int64_t>(block->size);
   if (block->counted_inactive_split) {
@@ -42,17 +42,17 @@ void account_unparked(ShardStats& stats, Block* block, std::size_t requested) {
     stats.lower(kInactiveSplit, size_class, 1);
     stats.lower(kInactiveSplitBytes, size_class, size);
   }
-  for_each_unpark_raise(size, static_cast<std::int64_t>(requested),
-                        [&](FastStat s, std::int64_t amount) { stats.raise(s, size_class, amount); });
+  for_each_hot_reuse_raise(size, static_cast<std::int64_t>(requested),
+                           [&](FastStat s, std::int64_t amount) { stats.raise(s, size_class, amount); });
 }
 
 // account_freed and account_inactive (what taking it from the hot list raised), plus the inactive split
 // it becomes.
-void account_parked(ShardStats& stats, Block* block) {
+void account_made_hot(ShardStats& stats, Block* block) {
   const int size_class = class_index(block->segment->size_class);
   const auto size = static_cast<std::int64_t>(block->size);
-  for_each_unpark_raise(size, static_cast<std::int64_t>(block->requested),
-                        [&](FastStat s, std::int64_t amount) { stats.lower(s, size_class, amount); });
+  for_each_hot_reuse_raise(size, static_cast<std::int64_t>(block->requested),
+                           [&](FastStat s, std::int64_t amount) { stats.lower(s, size_class, amount); });
   if (block->split_in_shard && !block->counted_inactive_split) {
     block->counted_inactive_split = true;
     stats.raise(kInactiveSplit, size_class, 1);
@@ -109,8 +109,8 @@ void* Shard::allocate_hot(std::size_t requested, const size_policy::Rounding& ro
   // A live table that must grow: the device-locked path grows it (the fast path allocates nothing).
   if (!live.has_room()) return nullptr;
   // A new peak, or headroom left elsewhere: the device-locked path gathers it.
-  if (!unpark_covered(stats, class_index(size_policy::size_class_for(size)), static_cast<std::int64_t>(size),
-                      static_cast<std::int64_t>(requested))) {
+  if (!hot_reuse_covered(stats, class_index(size_policy::size_class_for(size)), static_cast<std::int64_t>(size),
+                         static_cast<std::int64_t>(requested))) {
     return nullptr;
   }
   Block* block = take_hot(size);
@@ -130,7 +130,7 @@ void Shard::reuse_hot(Block* block, std::size_t requested) {
   block->fences_left = 0;
   block->since = coarse_now();
   live.insert(block->address, block);
-  account_unparked(stats, block, requested);
+  account_hot_reused(stats, block, requested);
 }
 
 bool Shard::free_to_hot(std::uintptr_t address, std::size_t size_hint, const Options& options,
@@ -141,11 +141,11 @@ bool Shard::free_to_hot(std::uintptr_t address, std::size_t size_hint, const Opt
   if (block == nullptr) return false;  // another stream's block, or a bad free
   if (size_hint != 0 && size_hint != block->requested) return false;
   if (!block->recorded_streams.empty() || block->segment->owner != default_pool ||
-      size_policy::is_oversize(block->size, options) || hot.size() >= kHotBlocks || !park_covered(stats, block)) {
+      size_policy::is_oversize(block->size, options) || hot.size() >= kHotBlocks || !make_hot_covered(stats, block)) {
     return false;
   }
   live.erase_at(found);
-  account_parked(stats, block);
+  account_made_hot(stats, block);
   block->requested = 0;
   // `since` keeps the allocation's time: the fast path reads no clock.
   block->state = BlockState::kFree;

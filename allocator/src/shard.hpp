@@ -104,6 +104,14 @@ struct alignas(kCacheLine) Shard {
   bool has_hot() const { return hot_count.load(std::memory_order_relaxed) != 0; }
   bool hot_full() const { return hot.size() >= kHotBlocks; }
   bool hot_over() const { return hot.size() > kHotBlocks; }  // a free pushed it past kHotBlocks: flush
+  // A block freed on this stream joins the open batch: the sequence number whose fence settles it.
+  std::uint64_t join_open_batch() { return fences.join_as_owner(); }
+  // Whether the fence that settles `block` (owned by this stream) has completed.
+  bool fence_completed(const Block* block) const { return fences.completed_seq() >= block->settle_seq; }
+  void count(std::int64_t StreamCounts::*field) { ++(counts.*field); }
+  // A device-locked allocation or free on this stream came from the calling thread (a miss flushes the
+  // hot lists of its own thread's streams first).
+  void note_thread() { thread = this_thread_token(); }
 
   LiveMap live;      // the blocks allocated on this stream and not freed yet, by address
   ShardStats stats;  // this shard's part of the fast path's stats, and its headroom

@@ -55,7 +55,7 @@ void ShardSet::unlock_all() const {
 Block* ShardSet::find_live(std::uintptr_t address) {
   Block* block = blocks_.find(address);
   if (block == nullptr) return nullptr;
-  get(block->stream);  // its shard, locked: the fast path may have parked it meanwhile
+  get(block->stream);  // its shard, locked: the fast path may have made it hot meanwhile
   return block->state == BlockState::kAllocated ? block : nullptr;
 }
 

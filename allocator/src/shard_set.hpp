@@ -79,7 +79,7 @@ class ShardSet final : public HeadroomDonors {
   // The stream's shard, nullptr when the cache has not seen it (not locked).
   Shard* find(Stream stream) const;
 
-  // A block enters or leaves its stream's shard (allocated, or parked in its hot list), with the shard
+  // A block enters or leaves its stream's shard (allocated, or kept in its hot list), with the shard
   // locked, keeping in_shard and the index of shard blocks in step.
   void enter(Block* block) {
     block->in_shard = true;

@@ -2,7 +2,7 @@
 // device's peaks that lets it change them without writing anything another stream reads
 // (docs/design.md, "Stats stay exact").
 //
-// For each such stat (in total and per pool) the device keeps the peak; every shard keeps the totals
+// For each such stat (in total and per size class) the device keeps the peak; every shard keeps the totals
 // its fast paths added and took away (whose difference, its part of the current value, may be
 // negative: a block allocated on the device-locked path can be freed on the fast path), and a
 // `headroom` >= 0. The device holds headroom of its own. Every path keeps, for each stat,
@@ -60,7 +60,7 @@ inline constexpr std::array<const char*, kFastStats> kFastStatNames = {
 // `requested` bytes raises (an inactive split it was only falls). Each call with a constant stat, so
 // that the fast path's uses compile to straight-line code.
 template <typename F>
-inline void for_each_unpark_raise(std::int64_t size, std::int64_t requested, F&& raise) {
+inline void for_each_hot_reuse_raise(std::int64_t size, std::int64_t requested, F&& raise) {
   raise(kAllocation, 1);
   raise(kActive, 1);
   raise(kAllocatedBytes, size);
@@ -68,7 +68,7 @@ inline void for_each_unpark_raise(std::int64_t size, std::int64_t requested, F&&
   raise(kRequestedBytes, requested);
 }
 
-// Per stat and pool index (0 = all): what only the shard writes, under its lock. Its part of a stat's
+// Per stat and class index (0 = all): what only the shard writes, under its lock. Its part of a stat's
 // current value is allocated - freed (reset_accumulated_stats moves it to the device's part first);
 // headroom is how far it may raise the stat without the device lock. One array per field: a raise or
 // a lower then writes cells that are not neighbours, which the compiler updates with one add each;
@@ -81,23 +81,23 @@ struct ShardStats {
   Cells headroom{};
 
   std::int64_t current(std::size_t s, std::size_t p) const { return allocated[s][p] - freed[s][p]; }
-  // Whether the headroom covers raising `s` by `amount`, in total and in `pool`.
-  bool covers(FastStat s, int pool, std::int64_t amount) const {
+  // Whether the headroom covers raising `s` by `amount`, in total and in `size_class`.
+  bool covers(FastStat s, int size_class, std::int64_t amount) const {
     const auto& room = headroom[static_cast<std::size_t>(s)];
-    return room[0] >= amount && room[static_cast<std::size_t>(pool)] >= amount;
+    return room[0] >= amount && room[static_cast<std::size_t>(size_class)] >= amount;
   }
   // Only after covers() said yes.
-  void raise(FastStat s, int pool, std::int64_t amount) {
+  void raise(FastStat s, int size_class, std::int64_t amount) {
     const auto i = static_cast<std::size_t>(s);
-    const auto p = static_cast<std::size_t>(pool);
+    const auto p = static_cast<std::size_t>(size_class);
     allocated[i][0] += amount;
     headroom[i][0] -= amount;
     allocated[i][p] += amount;
     headroom[i][p] -= amount;
   }
-  void lower(FastStat s, int pool, std::int64_t amount) {
+  void lower(FastStat s, int size_class, std::int64_t amount) {
     const auto i = static_cast<std::size_t>(s);
-    const auto p = static_cast<std::size_t>(pool);
+    const auto p = static_cast<std::size_t>(size_class);
     freed[i][0] += amount;
     headroom[i][0] += amount;
     freed[i][p] += amount;

@@ -69,9 +69,9 @@ bool may_serve(std::size_t block_size, std::size_t rounded, const Options& optio
   return block_size < rounded + kLargeBuffer;
 }
 
-bool should_split(std::size_t block_size, std::size_t rounded, SizeClass pool, const Options& options) {
+bool should_split(std::size_t block_size, std::size_t rounded, SizeClass size_class, const Options& options) {
   const std::size_t remaining = block_size - rounded;
-  if (pool == SizeClass::kSmall) return remaining >= kMinBlockSize;
+  if (size_class == SizeClass::kSmall) return remaining >= kMinBlockSize;
   return !is_oversize(rounded, options) && remaining > kSmallSize;
 }
 

@@ -81,6 +81,6 @@ std::size_t segment_size_for(std::size_t rounded);
 // Whether a free block of `block_size` may serve a request of `rounded` bytes (max_split_size rules).
 bool may_serve(std::size_t block_size, std::size_t rounded, const Options& options);
 // Whether the remainder after carving `rounded` bytes out of `block_size` is worth a block of its own.
-bool should_split(std::size_t block_size, std::size_t rounded, SizeClass pool, const Options& options);
+bool should_split(std::size_t block_size, std::size_t rounded, SizeClass size_class, const Options& options);
 
 }  // namespace streamalloc::size_policy

@@ -22,7 +22,7 @@ void StatsLedger::draw_headroom(FastStat s, int p, std::int64_t amount) {
 // that frees on the device-locked path or on other streams left elsewhere). What the shard lacks comes
 // from the device's headroom, then every shard's, then a higher peak; only what it lacks, so that
 // headroom does not pile up where no allocation will use it.
-void StatsLedger::give_headroom_for_unpark(Shard& shard, const Block* block, std::size_t requested) {
+void StatsLedger::give_headroom_for_hot_reuse(Shard& shard, const Block* block, std::size_t requested) {
   const int size_class = class_index(block->segment->size_class);
   const auto give = [&](FastStat s, std::int64_t amount) {
     for (const int p : {0, size_class}) {
@@ -35,7 +35,7 @@ void StatsLedger::give_headroom_for_unpark(Shard& shard, const Block* block, std
       own = amount;
     }
   };
-  for_each_unpark_raise(static_cast<std::int64_t>(block->size), static_cast<std::int64_t>(requested), give);
+  for_each_hot_reuse_raise(static_cast<std::int64_t>(block->size), static_cast<std::int64_t>(requested), give);
 }
 
 // A device-locked allocation spends its stream's shard's headroom first (`shard`, locked), where a
@@ -51,7 +51,7 @@ void StatsLedger::account_allocated(Shard& shard, const Block* block, std::size_
 }
 
 // Which headroom a free returns: a block freed with uses (the frees of a cross-stream loop) comes
-// back to its allocation stream after its fences, parked in that stream's hot list where it can
+// back to its allocation stream after its fences, kept in that stream's hot list where it can
 // (DeviceCache::release_pending), and the stream's next allocation takes it on the fast path; so its free
 // and its release give their headroom to the stream's shard, which that allocation draws. Other
 // device-locked frees give it to the device (`shard` null): a shard keeps what its own fast path

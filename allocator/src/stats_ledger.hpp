@@ -117,7 +117,7 @@ class StatsLedger {
   }
   // Gives `shard` enough headroom to take `block` from its hot list for `requested` bytes, from the
   // device's headroom, every shard's, or by raising the peak.
-  void give_headroom_for_unpark(Shard& shard, const Block* block, std::size_t requested);
+  void give_headroom_for_hot_reuse(Shard& shard, const Block* block, std::size_t requested);
 
   // ---- the whole ledger (the device lock and every shard lock held)
   // The device's stats with every shard's part added.

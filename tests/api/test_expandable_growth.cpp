@@ -182,7 +182,7 @@ TEST(Expandable, ABlockAloneInItsSegmentBecomesSplitAndWholeAgain) {
   EXPECT_EQ(again, p);
   void* r = s.a().allocate(4 * MiB, 0, a);  // appended: p is split again
   check(s);
-  s.a().deallocate(again, 0, 0, a);  // parked, and split: an inactive split
+  s.a().deallocate(again, 0, 0, a);  // hot, and split: an inactive split
   EXPECT_EQ(s.stats().inactive_split[0].current, 1);
   check(s);
   s.a().deallocate(r, 0, 0, a);

@@ -103,11 +103,11 @@ TEST(Expandable, ACompletedPendingBlockOfTheSizeIsTakenBeforeALargerBlockIsCarve
   check(s);
 }
 
-// Packing: blocks parked in a stream's hot list are left out of the best fit, so in an expandable
+// Packing: blocks kept in a stream's hot list are left out of the best fit, so in an expandable
 // segment, where one segment holds all of a stream's small blocks, a small size the list cannot serve
-// flushes it first (as the large pool always does): the parked neighbours merge into a block of the
+// flushes it first (as the large class always does): the hot neighbours merge into a block of the
 // size, and the best fit takes it instead of carving a larger free block.
-TEST(Expandable, ASmallSizeTheHotListCannotServeSeesTheParkedBlocksMerged) {
+TEST(Expandable, ASmallSizeTheHotListCannotServeSeesTheHotBlocksMerged) {
   SimSetup s(kOn);
   const Stream a = s.sim->create_stream();
   std::vector<void*> quarters;
@@ -116,11 +116,11 @@ TEST(Expandable, ASmallSizeTheHotListCannotServeSeesTheParkedBlocksMerged) {
   s.a().deallocate(halves[0], 0, 0, a);
   s.a().deallocate(halves[1], 0, 0, a);
   void* large = s.a().allocate(4 * MiB, 0, a);  // a large-pool miss flushes: the second page is one free block
-  s.a().deallocate(quarters[0], 0, 0, a);       // both parked in a's hot list, unmerged
+  s.a().deallocate(quarters[0], 0, 0, a);       // both kept in a's hot list, unmerged
   s.a().deallocate(quarters[1], 0, 0, a);
   const std::int64_t maps = s.stats().num_device_alloc;
   void* p = s.a().allocate(1 * MiB, 0, a);
-  EXPECT_EQ(p, quarters[0]) << "the free page was carved while the parked neighbours make a block of the size";
+  EXPECT_EQ(p, quarters[0]) << "the free page was carved while the hot neighbours make a block of the size";
   EXPECT_EQ(s.stats().num_device_alloc, maps);
   check(s);
   void* q = s.a().allocate(1 * MiB, 0, a);

@@ -62,7 +62,7 @@ TEST(Expandable, EmptyCacheUnmapsTheFreePagesAtTheEnd) {
 }
 
 // A block that fills its segment is whole; growing past it makes it split, and unmapping what came
-// after makes it whole again, while it is live, parked in its stream's hot list or free. The fast
+// after makes it whole again, while it is live, kept in its stream's hot list or free. The fast
 // path's view of it and the inactive_split count follow (validate() checks both).
 // Under cross_stream_reuse:never b may not take a's free block, but its pages: the OOM path unmaps
 // them and b's segment maps them (under `settled`, b takes the settled block itself).

@@ -27,7 +27,7 @@ void cross_stream_pair(SimSetup& s, Stream producer, Stream consumer) {
 // Both blocks of the segment are pending on the consumer at every second allocation, which misses.
 // The miss gets them back (the consumer is idle), and needs no fence on the producer: the blocks it
 // settles already serve the producer. Fencing the producer's own batch at every miss cost an event
-// every second pair. And the poll that gets the blocks back parks them in the producer's hot list, so
+// every second pair. And the poll that gets the blocks back puts them in the producer's hot list, so
 // the allocation after the miss takes its block on the stream's shard alone: about one allocation in
 // two takes the device lock (every one did when released blocks went to the free lists).
 TEST(FenceBatching, ACrossStreamLoopOfMegabyteBlocksDoesNotFenceTheProducerAtEveryMiss) {
@@ -40,14 +40,14 @@ TEST(FenceBatching, ACrossStreamLoopOfMegabyteBlocksDoesNotFenceTheProducerAtEve
   EXPECT_LE(producer_fences, static_cast<std::size_t>(kPairs / 10))
       << "fences recorded on the producer in " << kPairs << " pairs";
   EXPECT_EQ(s.stats().segment[0].current, 1) << "no segment beyond the first";
-  EXPECT_LE(s.stats().allocations_device_locked, kPairs * 6 / 10) << "released blocks parked for the producer";
+  EXPECT_LE(s.stats().allocations_device_locked, kPairs * 6 / 10) << "released blocks made hot for the producer";
   s.a().validate();
 }
 
-// A free's fence pass that finds an earlier free's fence completed parks the block it releases in its
+// A free's fence pass that finds an earlier free's fence completed puts the block it releases in its
 // allocation stream's hot list: the stream's next allocation of its size takes it without the device
 // lock, and the stats stay exact (validate checks every peak against the currents and the headroom).
-TEST(FenceBatching, AFreesFencePassParksTheBlocksItReleasesForTheirAllocationStream) {
+TEST(FenceBatching, AFreesFencePassMakesTheBlocksHotItReleasesForTheirAllocationStream) {
   SimSetup s("");
   const Stream producer = s.sim->create_stream();
   const Stream consumer = s.sim->create_stream();
@@ -64,7 +64,7 @@ TEST(FenceBatching, AFreesFencePassParksTheBlocksItReleasesForTheirAllocationStr
   const std::int64_t locked = s.stats().allocations_device_locked;
   void* again = s.a().allocate(4 * KiB, 0, producer);
   EXPECT_EQ(again, p);
-  EXPECT_EQ(s.stats().allocations_device_locked, locked) << "p was parked in the producer's hot list";
+  EXPECT_EQ(s.stats().allocations_device_locked, locked) << "p was kept in the producer's hot list";
   EXPECT_EQ(s.stats().pending_blocks.current, 1) << "q waits for its own fence";
   s.a().validate();
   s.a().deallocate(again, 4 * KiB, 0, producer);

@@ -1,7 +1,7 @@
 // Which hot lists a miss flushes (docs/design.md, "The allocation path", step 2). A miss makes the hot
 // lists of its own thread's streams join the free lists; those of streams another thread uses stay,
-// unless nothing else serves: a small block takes a new 2 MiB segment first, a large one their parked
-// blocks (before the device is asked for more), and under the memory cap both take their parked blocks
+// unless nothing else serves: a small block takes a new 2 MiB segment first, a large one their hot
+// blocks (before the device is asked for more), and under the memory cap both take their hot blocks
 // rather than fail. Each thread here is a worker that lives through the test, so that its identity
 // (this_thread_token) stays its own.
 #include <gtest/gtest.h>
@@ -23,18 +23,18 @@ using testing_support::Worker;
 
 class MissHotLists : public ::testing::Test {
  protected:
-  // Stream `b` parks `count` blocks of `size` bytes, allocated together so that they fill their
+  // Stream `b` makes hot `count` blocks of `size` bytes, allocated together so that they fill their
   // segment, in its hot list; from `worker` when given, else from this thread.
-  std::vector<void*> park_on_b(std::size_t size, int count, Worker* worker = nullptr) {
+  std::vector<void*> hot_on_b(std::size_t size, int count, Worker* worker = nullptr) {
     std::vector<void*> blocks;
-    auto park = [&] {
+    auto make_hot = [&] {
       for (int i = 0; i < count; ++i) blocks.push_back(a().allocate(size, 0, b_));
       for (void* p : blocks) a().deallocate(p, size, 0, b_);
     };
     if (worker != nullptr) {
-      worker->run(park);
+      worker->run(make_hot);
     } else {
-      park();
+      make_hot();
     }
     return blocks;
   }
@@ -51,19 +51,19 @@ class MissHotLists : public ::testing::Test {
   Stream a_ = 0, b_ = 0;
 };
 
-TEST_F(MissHotLists, ASmallMissTakesANewSegmentBeforeAnotherThreadsParkedBlocks) {
+TEST_F(MissHotLists, ASmallMissTakesANewSegmentBeforeAnotherThreadsHotBlocks) {
   Worker other;
-  const std::vector<void*> parked = park_on_b(1 * MiB, 2, &other);
+  const std::vector<void*> hot = hot_on_b(1 * MiB, 2, &other);
   ASSERT_EQ(reserved(), 2 * MiB);
-  // Nothing in the free lists fits 1 MiB: the blocks are parked in the other thread's hot list.
+  // Nothing in the free lists fits 1 MiB: the blocks are kept in the other thread's hot list.
   void* mine = a().allocate(1 * MiB, 0, a_);
   EXPECT_EQ(reserved(), 4 * MiB) << "the miss grew a segment rather than flush the other thread's hot list";
-  EXPECT_NE(mine, parked[0]);
-  EXPECT_NE(mine, parked[1]);
-  // The other thread's hot list is as it left it: its next allocation takes its newest parked block.
+  EXPECT_NE(mine, hot[0]);
+  EXPECT_NE(mine, hot[1]);
+  // The other thread's hot list is as it left it: its next allocation takes its newest hot block.
   void* again = nullptr;
   other.run([&] { again = a().allocate(1 * MiB, 0, b_); });
-  EXPECT_EQ(again, parked[1]);
+  EXPECT_EQ(again, hot[1]);
   ASSERT_NO_THROW(a().validate());
   other.run([&] { a().deallocate(again, 1 * MiB, 0, b_); });
   a().deallocate(mine, 1 * MiB, 0, a_);
@@ -71,32 +71,32 @@ TEST_F(MissHotLists, ASmallMissTakesANewSegmentBeforeAnotherThreadsParkedBlocks)
 }
 
 TEST_F(MissHotLists, OneThreadFlushesEveryHotListBeforeGrowing) {
-  const std::vector<void*> parked = park_on_b(1 * MiB, 2);
+  const std::vector<void*> hot = hot_on_b(1 * MiB, 2);
   void* mine = a().allocate(1 * MiB, 0, a_);
-  EXPECT_EQ(reserved(), 2 * MiB) << "one thread's miss takes its other stream's parked memory";
-  EXPECT_TRUE(mine == parked[0] || mine == parked[1]);
+  EXPECT_EQ(reserved(), 2 * MiB) << "one thread's miss takes its other stream's hot memory";
+  EXPECT_TRUE(mine == hot[0] || mine == hot[1]);
   a().deallocate(mine, 1 * MiB, 0, a_);
   ASSERT_NO_THROW(a().validate());
 }
 
-TEST_F(MissHotLists, UnderTheCapASmallMissTakesAnotherThreadsParkedBlock) {
+TEST_F(MissHotLists, UnderTheCapASmallMissTakesAnotherThreadsHotBlock) {
   use_device_of(2 * MiB);  // room for one small segment
   Worker other;
-  const std::vector<void*> parked = park_on_b(1 * MiB, 2, &other);
+  const std::vector<void*> hot = hot_on_b(1 * MiB, 2, &other);
   void* mine = nullptr;
   ASSERT_NO_THROW(mine = a().allocate(1 * MiB, 0, a_));
   EXPECT_EQ(reserved(), 2 * MiB);
-  EXPECT_TRUE(mine == parked[0] || mine == parked[1]);
+  EXPECT_TRUE(mine == hot[0] || mine == hot[1]);
   a().deallocate(mine, 1 * MiB, 0, a_);
   ASSERT_NO_THROW(a().validate());
 }
 
-TEST_F(MissHotLists, ALargeMissTakesAnotherThreadsParkedBlocksBeforeGrowing) {
+TEST_F(MissHotLists, ALargeMissTakesAnotherThreadsHotBlocksBeforeGrowing) {
   Worker other;
-  park_on_b(4 * MiB, 5, &other);  // five 4 MiB blocks fill one 20 MiB segment of the large pool
+  hot_on_b(4 * MiB, 5, &other);  // five 4 MiB blocks fill one 20 MiB segment of the large pool
   ASSERT_EQ(reserved(), 20 * MiB);
   void* mine = a().allocate(4 * MiB, 0, a_);
-  EXPECT_EQ(reserved(), 20 * MiB) << "a large miss uses parked memory of any thread before the device's";
+  EXPECT_EQ(reserved(), 20 * MiB) << "a large miss uses hot memory of any thread before the device's";
   a().deallocate(mine, 4 * MiB, 0, a_);
   ASSERT_NO_THROW(a().validate());
 }

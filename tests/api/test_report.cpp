@@ -293,22 +293,22 @@ BlockInfo block_at(const std::vector<BlockInfo>& blocks, const void* ptr) {
 }
 
 // Ages run from the allocation, and from the free where the device-locked path frees; a free on the
-// fast path reads no clock, so the block it parks keeps its allocation's time.
+// fast path reads no clock, so the block it makes hot keeps its allocation's time.
 TEST(Report, AgesRunFromTheAllocationOrAFreeOnTheDeviceLockedPath) {
   SimSetup s{""};
   const Stream stream = s.sim->create_stream(0);
   const Stream user = s.sim->create_stream(0);
   const auto wait = [] { std::this_thread::sleep_for(std::chrono::milliseconds(60)); };
   void* p = s.a().allocate(4 * KiB, 0, stream);
-  s.a().deallocate(p, 4 * KiB, 0, stream);  // parks the block in the stream's hot list
+  s.a().deallocate(p, 4 * KiB, 0, stream);  // puts the block in the stream's hot list
   void* q = s.a().allocate(4 * KiB, 0, stream);
-  ASSERT_EQ(q, p) << "the fast path serves the parked block";
+  ASSERT_EQ(q, p) << "the fast path serves the hot block";
   wait();
   EXPECT_GE(block_at(s.a().blocks(0), q).age_ms, 50.0);
   s.a().deallocate(q, 4 * KiB, 0, stream);
-  const BlockInfo parked = block_at(s.a().blocks(0), q);
-  EXPECT_EQ(parked.state, BlockInfo::State::kFree);
-  EXPECT_GE(parked.age_ms, 50.0) << "the fast path's free keeps the allocation's time";
+  const BlockInfo hot = block_at(s.a().blocks(0), q);
+  EXPECT_EQ(hot.state, BlockInfo::State::kFree);
+  EXPECT_GE(hot.age_ms, 50.0) << "the fast path's free keeps the allocation's time";
 
   void* r = s.a().allocate(4 * KiB, 0, stream);
   wait();

@@ -107,7 +107,7 @@ TEST(FenceEngine, CaptureUsesAreDroppedOnlyAfterTheirCaptureEnds) {
   EXPECT_FALSE(engine.has_capture_uses());
 }
 
-TEST(FenceEngine, PassesArePacedAndParkingHoldsForTheirDuration) {
+TEST(FenceEngine, PassesArePacedAndHotReleasesHoldForTheirDuration) {
   CacheParts parts;
   FenceEngine engine(parts.sim, 0, parts.fence_parts(ignore_release));
   const Clock::time_point t0 = Clock::now();
@@ -116,12 +116,12 @@ TEST(FenceEngine, PassesArePacedAndParkingHoldsForTheirDuration) {
   EXPECT_TRUE(engine.start_free_pass(t0 + std::chrono::seconds(1)));
   EXPECT_TRUE(engine.start_pending_poll(t0));
   EXPECT_FALSE(engine.start_pending_poll(t0)) << "one poll per tick of the coarse clock";
-  EXPECT_FALSE(engine.parks_released());
+  EXPECT_FALSE(engine.releases_to_hot());
   {
-    const FenceEngine::Parking parking(engine);
-    EXPECT_TRUE(engine.parks_released());
+    const FenceEngine::HotReleases to_hot(engine);
+    EXPECT_TRUE(engine.releases_to_hot());
   }
-  EXPECT_FALSE(engine.parks_released());
+  EXPECT_FALSE(engine.releases_to_hot());
 }
 
 TEST(SimBackendReplayClock, OnlyWhenConfiguredAndNeverRunningBack) {

@@ -83,7 +83,7 @@ TEST(FreeLists, MergeRule) {
   EXPECT_FALSE(FreeLists::mergeable(t.at(3), t.at(4))) << "owned by two streams";
   EXPECT_FALSE(FreeLists::mergeable(t.at(4), nullptr));
   t.at(3)->hot = true;
-  EXPECT_FALSE(FreeLists::mergeable(t.at(2), t.at(3))) << "parked in a hot list";
+  EXPECT_FALSE(FreeLists::mergeable(t.at(2), t.at(3))) << "kept in a hot list";
   t.at(3)->hot = false;
   t.at(3)->held = true;
   EXPECT_FALSE(FreeLists::mergeable(t.at(2), t.at(3))) << "held back by an aid";

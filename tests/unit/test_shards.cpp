@@ -298,7 +298,7 @@ TEST_F(Shards, PeakIsTheRecomputedMaximumWhenOneStreamRuns) {
 TEST_F(Shards, FreesTheFastPathCannotFinishEndAsBefore) {
   const Stream a = streams_[0], b = streams_[1];
   void* warm = allocator_->allocate(4 * KiB, 0, a);
-  allocator_->deallocate(warm, 4 * KiB, 0, a);  // parked in a's hot list
+  allocator_->deallocate(warm, 4 * KiB, 0, a);  // kept in a's hot list
 
   // A wrong size: refused, nothing changes, the block stays live and can be freed right.
   void* p = allocator_->allocate(4 * KiB, 0, a);
@@ -306,7 +306,7 @@ TEST_F(Shards, FreesTheFastPathCannotFinishEndAsBefore) {
   EXPECT_THROW(allocator_->deallocate(p, 8 * KiB, 0, a), Error);
   EXPECT_EQ(allocator_->stats(0).allocation[0].current, 1);
   allocator_->deallocate(p, 4 * KiB, 0, a);
-  // A double free of a parked block: the error names it, nothing changes.
+  // A double free of a hot block: the error names it, nothing changes.
   try {
     allocator_->deallocate(p, 4 * KiB, 0, a);
     FAIL() << "a double free was accepted";
@@ -332,7 +332,7 @@ TEST_F(Shards, CachedCallsServeTheHotListAndDeclineWithoutChanges) {
   Allocator& alloc = *allocator_;
   const Stream a = streams_[0], b = streams_[1];
   EXPECT_EQ(alloc.allocate_cached(4 * KiB, 0, a), nullptr) << "a stream never seen has no hot list";
-  // Two full rounds: the block is parked in a's hot list, and the shard holds the headroom to take it.
+  // Two full rounds: the block is kept in a's hot list, and the shard holds the headroom to take it.
   for (int round = 0; round < 2; ++round) alloc.deallocate(alloc.allocate(4 * KiB, 0, a), 4 * KiB, 0, a);
 
   EXPECT_EQ(alloc.allocate_cached(8 * KiB, 0, a), nullptr) << "no hot block of that size";
@@ -404,7 +404,7 @@ TEST_F(Shards, DeviceLockedCallsAreCountedAndShardCallsAreNot) {
 
 // Device-locked calls find a block through the index of shard blocks, whichever of many streams holds
 // it: record_stream from another stream, frees that name another stream or none, and double frees of
-// blocks parked in some stream's hot list.
+// blocks kept in some stream's hot list.
 TEST_F(Shards, DeviceLockedCallsFindBlocksAmongManyStreams) {
   std::vector<Stream> streams;
   for (int s = 0; s < 96; ++s) streams.push_back(sim_->create_stream(0));
@@ -427,7 +427,7 @@ TEST_F(Shards, DeviceLockedCallsFindBlocksAmongManyStreams) {
   EXPECT_EQ(stats.record_stream_unknown_ptr, 0) << "record_stream did not find a live block";
   EXPECT_EQ(stats.pending_blocks.allocated, 2 * static_cast<std::int64_t>(blocks.size() / 3)) << "uses went missing";
   ASSERT_NO_THROW(allocator_->validate());
-  // Each block is freed (pending, parked or in the free lists): a second free is refused by name.
+  // Each block is freed (pending, hot or in the free lists): a second free is refused by name.
   for (const auto& [ptr, stream] : blocks) EXPECT_THROW(allocator_->deallocate(ptr, 0, -1, 0), Error);
   EXPECT_EQ(allocator_->stats(0).invalid_frees, static_cast<std::int64_t>(blocks.size()));
   ASSERT_NO_THROW(allocator_->validate());
