@@ -13,8 +13,8 @@ DeviceCache::DeviceCache(int device, const Options& options, Backend& backend, s
       options_(options),
       backend_(backend),
       rounding_(options.roundup_power2_divisions),
+      memory_(options.memory_fraction),
       shards_(backend, device),
-      memory_fraction_(options.memory_fraction),
       segments_(backend, device),
       pools_(device, options.cross_stream_reuse),
       ledger_(shards_),
@@ -25,7 +25,7 @@ DeviceCache::DeviceCache(int device, const Options& options, Backend& backend, s
                                  [this] { update_fast_path(); }}),
       report_(device, options, backend, segments_, pools_, shards_, ledger_),
       expandable_(ExpandableSegments::Parts{segments_, pools_.default_pool(), shards_, ledger_, free_, aids_, options,
-                                            device_total_}),
+                                            memory_.total()}),
       aids_(std::move(aids)) {
   ledger_.set_max_split_size(
       options.max_split_size_bytes == 0 ? -1 : static_cast<std::int64_t>(options.max_split_size_bytes));

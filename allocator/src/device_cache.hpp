@@ -12,8 +12,9 @@
 // a fast path holds one shard lock and never waits for the device lock while holding it. The stats the fast
 // path changes are split between the device and the shards (shard_stats.hpp): it writes only its shard.
 //
-// The methods are defined one concept per file, device_cache_<concept>.cpp; docs/design.md ("Layers")
-// says which file owns which concept, and the private methods below are grouped the same way.
+// The state is the components' (docs/design.md, "Components", says which owns what); DeviceCache ties
+// them together, one concept per file, device_cache_<concept>.cpp, and the private methods below are
+// grouped the same way.
 #pragma once
 
 #include <array>
@@ -38,6 +39,7 @@
 #include "free_blocks.hpp"
 #include "free_lists.hpp"
 #include "live_map.hpp"
+#include "memory_cap.hpp"
 #include "memory_pool.hpp"
 #include "pool_set.hpp"
 #include "segment_source.hpp"
@@ -174,8 +176,6 @@ class DeviceCache {
   }
 
   // ---- allocation path (device_cache_allocate.cpp)
-  // The best fit (FreeBlocks::best_fit), counted.
-  Block* find_free(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream);
   // The first best fit of an allocation; in an expandable segment a fit that would carve a larger block
   // while blocks are pending looks again after a poll (device_cache_allocate.cpp says why).
   Block* find_free_packed(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream);
@@ -200,12 +200,6 @@ class DeviceCache {
   // `only` alone when given) until `target_bytes` are released. Nothing while a graph captures.
   std::size_t release_free_segments(std::size_t target_bytes, const MemoryPool* only = nullptr,
                                     bool ask_streams = true);
-  std::size_t memory_cap() const;
-  void note_device_total() {
-    if (device_total_.load(std::memory_order_relaxed) == 0) {
-      device_total_.store(backend_.memory_info(device_).total_bytes, std::memory_order_relaxed);
-    }
-  }
 
   const int device_;
   const Options& options_;
@@ -216,14 +210,11 @@ class DeviceCache {
   alignas(kCacheLine) std::atomic<bool> fast_path_{false};
   // The request rounding: read by every allocation, changed by set_roundup_power2_divisions.
   size_policy::Rounding rounding_;
-  // Cached from the backend on first need; read by the fast path (which leaves a request larger than
-  // the device to the device-locked path, which then reports it).
-  std::atomic<std::size_t> device_total_{0};
+  // The device's memory (read by the fast path) and the memory fraction that caps the cache.
+  MemoryCap memory_;
   // The shards: the fast path's lock-free table, then (on lines of their own) the device lock and what
   // device-locked calls write.
   ShardSet shards_;
-
-  double memory_fraction_;
 
   SegmentSource segments_;
   PoolSet pools_;
@@ -241,7 +232,7 @@ inline void* DeviceCache::allocate_cached(std::size_t requested, Stream stream) 
   // The stream's own hot list, under its shard lock alone.
   if (fast_path_.load(std::memory_order_relaxed)) {
     if (Shard* shard = shards_.find_published(stream))
-      return shard->allocate_hot(requested, rounding_, options_, device_total_);
+      return shard->allocate_hot(requested, rounding_, options_, memory_.total());
   }
   return nullptr;
 }

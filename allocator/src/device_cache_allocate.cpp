@@ -22,8 +22,8 @@ namespace streamalloc {
 void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
   DeviceLock lock(*this);
   ledger_.count(&DeviceStats::allocations_device_locked);
-  note_device_total();
-  if (requested > size_policy::kMaxRequest || requested > device_total_) throw_out_of_memory(requested, stream);
+  memory_.note_total(backend_, device_);
+  if (requested > size_policy::kMaxRequest || requested > memory_.total_bytes()) throw_out_of_memory(requested, stream);
   Shard& own = shards_.get(stream);  // first sight of a stream checks that it belongs to this device
   own.count(&StreamCounts::allocations_device_locked);
   MemoryPool& pool = pools_.pool_for(stream);
@@ -74,14 +74,14 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
       fences_.close_batches_and_poll(&own, FenceEngine::HotLists::kThisThreads);
     }
     if (Block* hot = take_hot_after_poll()) return hand_out_hot(own, hot, requested);
-    block = find_free(pool, kind, size, stream);
+    block = free_.find(pool, kind, size, stream, expandable_.grows(pool));
     if (block == nullptr && kind == SizeClass::kSmall) {
       block = reserve_segment(pool, kind, size, stream);
       reserved = true;
     }
     if (block == nullptr) {
       fences_.close_batches_and_poll(&own, FenceEngine::HotLists::kEveryStream);
-      block = find_free(pool, kind, size, stream);
+      block = free_.find(pool, kind, size, stream, expandable_.grows(pool));
     }
   }
   if (block == nullptr && !reserved) block = reserve_segment(pool, kind, size, stream);
@@ -92,14 +92,15 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
     ledger_.count(&DeviceStats::num_alloc_retries);
     free_.release_held(aids_.get());
     fences_.synchronize_all(/*for_memory=*/true);
-    block = find_free(pool, kind, size, stream);
+    block = free_.find(pool, kind, size, stream, expandable_.grows(pool));
     if (block == nullptr) {
       release_free_segments(SIZE_MAX);
       block = reserve_segment(pool, kind, size, stream);
     }
     // The last resort of a default-pool allocation: a free block of a pool whose owner allowed it.
     if (block == nullptr && pools_.is_default(&pool)) {
-      block = pools_.find_in_use_on_oom([&](MemoryPool& other) { return find_free(other, kind, size, stream); });
+      block = pools_.find_in_use_on_oom(
+          [&](MemoryPool& other) { return free_.find(other, kind, size, stream, expandable_.grows(other)); });
     }
   }
   if (block == nullptr) throw_out_of_memory(requested, stream);
@@ -114,10 +115,6 @@ void* DeviceCache::hand_out_hot(Shard& own, Block* hot, std::size_t requested) {
   if (aids_ != nullptr) aids_->on_allocate(*hot);
   own.note_thread();
   return reinterpret_cast<void*>(hot->address);
-}
-
-Block* DeviceCache::find_free(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream) {
-  return free_.count_reuse(free_.best_fit(pool, kind, size, stream, expandable_.grows(pool)), stream);
 }
 
 // Expandable segments pack tighter when a pending block whose fences have completed comes back before
@@ -146,12 +143,12 @@ Block* DeviceCache::find_free_packed(MemoryPool& pool, SizeClass kind, std::size
 Block* DeviceCache::reserve_segment(MemoryPool& pool, SizeClass kind, std::size_t size, Stream stream) {
   if (expandable_.grows(pool)) {
     bool no_address_space = false;
-    Block* grown = expandable_.grow(kind, size, stream, memory_cap(), &no_address_space);
+    Block* grown = expandable_.grow(kind, size, stream, memory_.cap(), &no_address_space);
     // Without address space the memory may still be there: a fixed segment, as without the option.
     if (!no_address_space) return grown;
   }
   const std::size_t segment_size = size_policy::segment_size_for(size);
-  if (segments_.reserved_bytes() + segment_size > memory_cap()) return nullptr;
+  if (segments_.reserved_bytes() + segment_size > memory_.cap()) return nullptr;
   Segment* segment = segments_.reserve(kind, &pool, segment_size, stream);
   if (segment == nullptr) return nullptr;
   if (aids_ != nullptr) aids_->on_segment(TraceAction::kSegmentAlloc, *segment);
@@ -193,12 +190,12 @@ void DeviceCache::throw_out_of_memory(std::size_t requested, Stream stream) {
     info = backend_.memory_info(device_);
   }
   const std::string msg =
-      report_.out_of_memory(requested, size, stream, info, memory_fraction_, memory_cap(), device_total_);
+      report_.out_of_memory(requested, size, stream, info, memory_.fraction(), memory_.cap(), memory_.total_bytes());
   if (aids_ != nullptr && !beyond_any_device) {
     aids_->on_out_of_memory_request(info.free_bytes, size, stream, pools_.pool_for(stream).id);
   }
   if (aids_ != nullptr) aids_->on_out_of_memory(msg);
-  if (!beyond_any_device && requested <= device_total_) log().debug("{}", msg);
+  if (!beyond_any_device && requested <= memory_.total_bytes()) log().debug("{}", msg);
   throw Error(ErrorCode::kOutOfMemory, msg);
 }
 

@@ -6,10 +6,6 @@
 
 namespace streamalloc {
 
-std::size_t DeviceCache::memory_cap() const {
-  return static_cast<std::size_t>(memory_fraction_ * static_cast<double>(device_total_));
-}
-
 // Segments that are one settled free block go back, in address order, and so do the whole pages inside
 // the free blocks of expandable segments (ExpandableSegments::trim). cudaFree and unmapping are not allowed while a
 // graph captures, so nothing goes back then; the next call after the capture does it. Teardown
@@ -69,18 +65,18 @@ void DeviceCache::empty_cache(PoolId pool) {
 
 void DeviceCache::set_memory_fraction(double fraction) {
   DeviceLock lock(*this);
-  note_device_total();
-  memory_fraction_ = fraction;
-  if (segments_.reserved_bytes() > memory_cap()) {
+  memory_.note_total(backend_, device_);
+  memory_.set_fraction(fraction);
+  if (segments_.reserved_bytes() > memory_.cap()) {
     free_.release_held(aids_.get());
     fences_.synchronize_all();
-    release_free_segments(segments_.reserved_bytes() - memory_cap());
+    release_free_segments(segments_.reserved_bytes() - memory_.cap());
   }
 }
 
 double DeviceCache::memory_fraction() const {
   DeviceLock lock(*this);
-  return memory_fraction_;
+  return memory_.fraction();
 }
 
 // Teardown and shutdown: the fences already recorded are waited for (FenceEngine::wait_recorded asks no

@@ -60,6 +60,10 @@ class FreeBlocks {
   Block* best_fit(MemoryPool& pool, SizeClass size_class, std::size_t size, Stream stream, bool expandable) const;
   // Counts the choice of a best fit: a settled block of another stream is a cross-stream reuse.
   Block* count_reuse(Block* block, Stream stream);
+  // best_fit, counted.
+  Block* find(MemoryPool& pool, SizeClass size_class, std::size_t size, Stream stream, bool expandable) {
+    return count_reuse(best_fit(pool, size_class, size, stream, expandable), stream);
+  }
   // `block`, a best fit of `size` bytes, leaves the lists; the rest splits off into them where the
   // split rule says so (size_policy::should_split; in an expandable segment every rest of at least the
   // smallest block size, as in PyTorch's; never in a no_split pool).
