@@ -70,7 +70,8 @@ struct alignas(kCacheLine) Block {
   bool in_settle_list = false;
   // Free but held back from reuse by a debugging aid (quarantine): in no index, never merged.
   bool held = false;
-  // Free, owned by its stream, and kept unmerged in that stream's hot list for an exact-size reuse.
+  // Free, owned by its stream, and kept unmerged in that stream's hot list (hot_list.hpp) for a reuse
+  // of its size.
   bool hot = false;
   // Allocated or hot: in its stream's shard (Shard::live or ::hot), where the per-stream fast
   // path changes it under the shard's lock alone. Written only under the device lock and the shard
@@ -81,6 +82,13 @@ struct alignas(kCacheLine) Block {
   // block is in the shard (only a free neighbour's merge moves a link, from one block to another), and
   // the fast path reads this instead of the links, which device-locked merges may write meanwhile.
   bool split_in_shard = false;
+  // While hot: the links of its hot list, its size's bin (newest first) and the age list. Written under
+  // the shard lock.
+  Block* hot_bin_prev = nullptr;
+  Block* hot_bin_next = nullptr;
+  Block* hot_older = nullptr;
+  Block* hot_newer = nullptr;
+  std::uint16_t hot_bin = 0;  // the bin it is in
   // check_sync: the allocation stream's tick when the block was handed out.
   std::uint64_t alloc_tick = 0;
 

@@ -32,14 +32,12 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
   const SizeClass kind = size_policy::size_class_for(size);
   if (pools_.is_default(&pool)) {
     if (Block* hot = own.take_hot(size)) return hand_out_hot(own, hot, requested);
-    // A large size the hot list cannot serve: the hot blocks join the free lists first, merged with
-    // their neighbours, so the best fit below sees the free memory it would see without the hot list
-    // (hot blocks left out of the best fit fragment the large class). Small blocks stay in the hot
-    // list in fixed segments: their 2 MiB segments bound what fragmentation can cost, and code
-    // cycling through a few small sizes keeps hitting the list. An expandable segment has no such
-    // bound (one segment per stream holds all its small blocks), so there the small class flushes too
-    // (docs/design.md, "Expandable segments", "Packing").
-    if (kind == SizeClass::kLarge || expandable_.grows(pool)) free_.flush_hot(own, 0);
+    // An expandable segment holds all of a stream's blocks of a size class, so hot blocks left out of
+    // the best fit would fragment it: there the hot list joins the free lists first, merged with its
+    // neighbours, so that the best fit below sees the free memory it would see without the hot list
+    // (docs/design.md, "Expandable segments", "Packing"). In fixed segments the hot list stays: a miss
+    // of one size leaves the stream's other sizes cached.
+    if (expandable_.grows(pool)) free_.flush_hot(own);
   }
   // A poll on the allocation path puts the blocks it releases in their allocation streams' hot lists
   // (DeviceCache::release_pending): the allocating stream's may serve it.
@@ -64,23 +62,29 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
   Block* block = find_free_packed(pool, kind, size, stream);
   bool reserved = false;  // a new segment was asked for (and refused, when block is still nullptr)
   if (block == nullptr) {
-    // A miss: the hot lists of this thread's streams join the free lists, and the fences are polled.
-    // Other threads' hot lists are flushed only when that does not serve, and for a small block only
-    // after a new 2 MiB segment: flushing a thread's hot list sends its next allocations to the device
-    // lock, where a miss of its own would flush the others' again (docs/design.md, "The allocation
-    // path", step 2). A program that allocates from one thread flushes every hot list at once.
+    // A miss: the hot blocks of the missing size class of this thread's other streams join the free
+    // lists, and the fences are closed and polled (so that they settle); then, before the device is
+    // asked for more, the missing stream's own. A miss of one size keeps the stream's other sizes
+    // hot. Other threads' hot lists are flushed only when that does not serve, and for a small block
+    // only after a new 2 MiB segment: flushing a thread's hot list sends its next allocations to the
+    // device lock (docs/design.md, "The allocation path", step 2). A program that allocates from one
+    // thread flushes every hot list of the class before it grows.
     {
       const FenceEngine::HotReleases to_hot(fences_);
-      fences_.close_batches_and_poll(&own, FenceEngine::HotLists::kThisThreads);
+      fences_.close_batches_and_poll(&own, FenceEngine::HotLists::kThisThreadsOthers, kind);
     }
     if (Block* hot = take_hot_after_poll()) return hand_out_hot(own, hot, requested);
     block = free_.find(pool, kind, size, stream, expandable_.grows(pool));
+    if (block == nullptr && pools_.is_default(&pool)) {
+      free_.flush_hot(own, kind);  // its blocks are its own: they serve it unsettled
+      block = free_.find(pool, kind, size, stream, expandable_.grows(pool));
+    }
     if (block == nullptr && kind == SizeClass::kSmall) {
       block = reserve_segment(pool, kind, size, stream);
       reserved = true;
     }
     if (block == nullptr) {
-      fences_.close_batches_and_poll(&own, FenceEngine::HotLists::kEveryStream);
+      fences_.close_batches_and_poll(&own, FenceEngine::HotLists::kEveryStream, kind);
       block = free_.find(pool, kind, size, stream, expandable_.grows(pool));
     }
   }

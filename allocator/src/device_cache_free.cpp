@@ -63,7 +63,7 @@ void DeviceCache::free_live(Block* block) {
   ledger_.account_inactive(block, nullptr);
   // No other uses: stream order makes the block safe for its allocation stream at once. It joins that
   // stream's open batch, whose fence will make it safe for every stream (settled). Until that batch is
-  // fenced it is kept in the stream's hot list, where an allocation of the same size takes it back.
+  // fenced it is kept in the stream's hot list, where an allocation of its size takes it back.
   block->state = BlockState::kFree;
   block->settled = false;
   block->settle_seq = owner.join_open_batch();
@@ -71,7 +71,7 @@ void DeviceCache::free_live(Block* block) {
   if ((aids_ == nullptr || !aids_->holds_blocks()) && pools_.is_default(block->segment->owner) &&
       !owner.fence_completed(block)) {
     free_.make_hot(owner, block);
-    if (owner.hot_over()) free_.flush_hot(owner, Shard::kHotBlocks / 2);
+    free_.trim_hot(owner);
     return;
   }
   free_.make_available(block, aids_.get());

@@ -80,16 +80,19 @@ void DeviceCache::validate() const {
       }
       previous = b->settle_seq;
     }
-    for (const Block* b : state->hot) {
+    if (const char* why = state->hot.broken(); *why != '\0') {
+      broken(device_, "hot list of stream " + hex(stream) + ": " + why);
+    }
+    state->hot.for_each([&, stream = stream, shard = state.get()](const Block* b) {
       if (!b->hot || !b->in_shard || b->state != BlockState::kFree || b->stream != stream) {
         broken(device_,
                "hot list of stream " + hex(stream) + " holds block " + hex(b->address) + " that is not hot there");
       }
-      if (state->live.find(b->address) != nullptr) {
+      if (shard->live.find(b->address) != nullptr) {
         broken(device_, "block " + hex(b->address) + " is both live and kept in stream " + hex(stream) + "'s shard");
       }
       ++hot_listed;
-    }
+    });
     // The shard's live table: blocks allocated on this stream, each under its own address.
     state->live.for_each([&, stream = stream](std::uintptr_t address, const Block* b) {
       if (b->address != address || b->state != BlockState::kAllocated || !b->in_shard || b->stream != stream) {

@@ -109,13 +109,14 @@ void FenceEngine::finish_fence(Shard& shard, Fence& fence) {
 // recorded before the sync, which the sync completed), is released without an event when the stream
 // is idle: all work enqueued on it has completed, the free's last use included. One stream query
 // replaces the event record and query; only streams with pending blocks are asked, only here.
-void FenceEngine::close_batches_and_poll(Shard* missed, HotLists flush) {
+void FenceEngine::close_batches_and_poll(Shard* missed, HotLists flush, std::optional<SizeClass> only) {
   // Hot blocks join the free lists, where they can merge and settle.
-  if (flush == HotLists::kEveryStream || missed == nullptr) {
+  if (missed == nullptr) {
     parts_.free.flush_all_hot();
+  } else if (flush == HotLists::kEveryStream) {
+    parts_.free.flush_all_hot(only);
   } else {
-    parts_.free.flush_hot(*missed, 0);
-    parts_.free.flush_thread_hot(this_thread_token());
+    parts_.free.flush_thread_hot(this_thread_token(), only, missed);
   }
   poll(/*close_batches=*/true, missed);
 }

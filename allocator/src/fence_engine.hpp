@@ -19,6 +19,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "block.hpp"
@@ -79,11 +80,13 @@ class FenceEngine {
   // A freed block with uses (recorded_streams) becomes pending: it joins its owner's open batch and
   // that of each used stream, and a free's pass runs when the pacing allows.
   void make_pending(Block* block);
-  // A miss's pass: the hot lists of every stream (or of `missed` and this thread's streams) join the
-  // free lists, every open batch closes (`missed`'s own may wait, defers_own_batch) and every fence
-  // queue is polled. nullptr: every batch closes (process_fences).
-  enum class HotLists { kEveryStream, kThisThreads };
-  void close_batches_and_poll(Shard* missed = nullptr, HotLists flush = HotLists::kEveryStream);
+  // A miss's pass: hot lists join the free lists (every stream's, or those of the other streams whose
+  // last device-locked call came from this thread; with `missed`, `only` limits that to the blocks of
+  // one size class), every open batch closes (`missed`'s own may wait, defers_own_batch) and every
+  // fence queue is polled. nullptr: every hot list joins and every batch closes (process_fences).
+  enum class HotLists { kEveryStream, kThisThreadsOthers };
+  void close_batches_and_poll(Shard* missed = nullptr, HotLists flush = HotLists::kEveryStream,
+                              std::optional<SizeClass> only = std::nullopt);
   // Without `close_batches` nothing is recorded: fences in flight are polled and idle streams' open
   // batches complete.
   void poll(bool close_batches, const Shard* missed = nullptr);

@@ -2,7 +2,6 @@
 #include "free_blocks.hpp"
 
 #include <algorithm>
-#include <array>
 #include <tuple>
 
 #include "size_policy.hpp"
@@ -81,45 +80,58 @@ void FreeBlocks::make_hot(Shard& owner, Block* block) {
   owner.push_hot(block);
 }
 
-void FreeBlocks::flush_hot(Shard& shard, std::size_t keep) {
-  auto& hot = shard.hot;
-  if (hot.size() > keep) {
-    ++shard.counts.hot_list_flushes;
-    ledger_.count(&DeviceStats::hot_list_flushes);
-  }
-  // The oldest blocks leave the list first, on the stack (a flush allocates nothing): the list never
-  // holds more than one block past kHotBlocks (a free flushes it then), so one round does.
-  std::array<Block*, Shard::kHotBlocks + 1> oldest;
-  while (hot.size() > keep) {
-    const std::size_t flush = std::min(hot.size() - keep, oldest.size());
-    std::copy_n(hot.begin(), flush, oldest.begin());
-    hot.erase(hot.begin(), hot.begin() + static_cast<std::ptrdiff_t>(flush));
-    shard.publish_hot();
-    // One at a time: a block still marked hot is not merged, so no block in `oldest` is merged away
-    // (and deleted) before its own turn.
-    for (std::size_t k = 0; k < flush; ++k) {
-      Block* block = oldest[k];
-      block->hot = false;
-      shards_.leave(block);
-      ledger_.uncount_inactive_split(block);
-      enter(block);
+void FreeBlocks::flush_hot(Shard& shard, std::optional<SizeClass> only) {
+  bool flushed = false;
+  for (Block* block = shard.hot.oldest(); block != nullptr;) {
+    // The next block is taken before this one enters the lists: it is still hot, so the merge below
+    // leaves it alone.
+    Block* newer = block->hot_newer;
+    if (!only || block->segment->size_class == *only) {
+      leave_hot(shard, block);
+      flushed = true;
     }
+    block = newer;
+  }
+  if (flushed) count_flush(shard);
+}
+
+void FreeBlocks::trim_hot(Shard& shard) {
+  if (!shard.hot.over()) return;
+  count_flush(shard);
+  while (shard.hot.size() > HotList::kMaxBlocks / 4 * 3 || shard.hot.bytes() > HotList::kMaxBytes / 4 * 3) {
+    leave_hot(shard, shard.hot.oldest());
   }
 }
 
-void FreeBlocks::flush_all_hot() {
+// One block at a time: a block still marked hot is not merged, so no hot block is merged away (and
+// deleted) before its own turn.
+void FreeBlocks::leave_hot(Shard& shard, Block* block) {
+  shard.remove_hot(block);
+  block->hot = false;
+  shards_.leave(block);
+  ledger_.uncount_inactive_split(block);
+  enter(block);
+}
+
+void FreeBlocks::count_flush(Shard& shard) {
+  ++shard.counts.hot_list_flushes;
+  ledger_.count(&DeviceStats::hot_list_flushes);
+}
+
+void FreeBlocks::flush_all_hot(std::optional<SizeClass> only) {
   for (auto& [stream, shard] : shards_) {
+    if (!shard->has_hot()) continue;
     shards_.lock(*shard);
-    flush_hot(*shard, 0);
+    flush_hot(*shard, only);
   }
 }
 
-void FreeBlocks::flush_thread_hot(std::uintptr_t thread) {
+void FreeBlocks::flush_thread_hot(std::uintptr_t thread, std::optional<SizeClass> only, const Shard* except) {
   for (auto& [stream, shard] : shards_) {
     // has_hot() rather than the list itself: the list is the shard lock's, taken only where it flushes.
-    if (shard->thread != thread || !shard->has_hot()) continue;
+    if (shard->thread != thread || shard.get() == except || !shard->has_hot()) continue;
     shards_.lock(*shard);
-    flush_hot(*shard, 0);
+    flush_hot(*shard, only);
   }
 }
 

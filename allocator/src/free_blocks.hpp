@@ -2,8 +2,8 @@
 // and the best fit an allocation takes from them. An owned block is also in its owner's settle list
 // (shard.hpp) and settles when its owner's fence completes; a block joins the lists merged with its
 // free neighbours (FreeLists::mergeable), and settled once its owner's fence has completed. Two places
-// keep free blocks out of the lists on purpose: a stream's hot list (just freed, unmerged, for an
-// exact-size reuse) and a debugging aid that holds blocks back (quarantine); both hand their blocks
+// keep free blocks out of the lists on purpose: a stream's hot list (just freed, unmerged, for a
+// reuse of their sizes) and a debugging aid that holds blocks back (quarantine); both hand their blocks
 // back here. A free block that is split counts as an inactive split (StatsLedger) while it is in the
 // lists, hot or held.
 //
@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "block.hpp"
@@ -47,11 +48,16 @@ class FreeBlocks {
   void release_held(DebugAids* aids);  // every held block enters the lists
 
   // ---- hot blocks: `block`, free in its owner's open batch, goes to `owner`'s hot list (locked);
-  // flushes move hot blocks into the lists
+  // flushes move hot blocks into the lists (`only`: the blocks of that size class alone)
   void make_hot(Shard& owner, Block* block);
-  void flush_hot(Shard& shard, std::size_t keep);  // all but the `keep` newest
-  void flush_all_hot();
-  void flush_thread_hot(std::uintptr_t thread);  // of the streams whose last device-locked call was `thread`'s
+  void flush_hot(Shard& shard, std::optional<SizeClass> only = std::nullopt);
+  // A list past its bounds (a device-locked free made it so) keeps its newest blocks, within three
+  // quarters of them, so that the next frees do not flush again at once.
+  void trim_hot(Shard& shard);
+  void flush_all_hot(std::optional<SizeClass> only = std::nullopt);
+  // Of the streams whose last device-locked call was `thread`'s, but `except`.
+  void flush_thread_hot(std::uintptr_t thread, std::optional<SizeClass> only = std::nullopt,
+                        const Shard* except = nullptr);
 
   // ---- the best fit
   // The smaller of the best owned and the best settled fit of `size` bytes in `pool` that `stream`
@@ -71,6 +77,8 @@ class FreeBlocks {
 
  private:
   Block* best_fit_expandable_large(MemoryPool& pool, std::size_t size, Stream stream) const;
+  void leave_hot(Shard& shard, Block* block);  // out of the hot list, into the lists
+  void count_flush(Shard& shard);
   void enter_after_hold(const std::vector<Block*>& released);
 
   ShardSet& shards_;

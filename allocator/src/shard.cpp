@@ -2,8 +2,8 @@
 // the stream's hot list serves, and a free of a block without other uses back to it, take the stream's
 // shard lock alone: the block's state changes only between "live in the shard" and "hot in the shard",
 // and the stats they change are the shard's, within the headroom it holds under the device's peaks
-// (shard_stats.hpp). Anything else (a miss, a block with uses, a private pool, a full hot list, too
-// little headroom, a bad free) returns to the device-locked path, which decides; the fast path changes
+// (shard_stats.hpp). Anything else (a miss, a block with uses, a private pool, a hot list at its
+// bounds, too little headroom, a bad free) returns to the device-locked path, which decides; the fast path changes
 // nothing before it knows it can finish.
 #include "shard.hpp"
 
@@ -108,13 +108,14 @@ void* Shard::allocate_hot(std::size_t requested, const size_policy::Rounding& ro
   ShardGuard guard(*this);
   // A live table that must grow: the device-locked path grows it (the fast path allocates nothing).
   if (!live.has_room()) return nullptr;
+  Block* block = hot.find(size);
+  if (block == nullptr) return nullptr;
   // A new peak, or headroom left elsewhere: the device-locked path gathers it.
   if (!hot_reuse_covered(stats, class_index(size_policy::size_class_for(size)), static_cast<std::int64_t>(size),
                          static_cast<std::int64_t>(requested))) {
     return nullptr;
   }
-  Block* block = take_hot(size);
-  if (block == nullptr) return nullptr;
+  remove_hot(block);
   reuse_hot(block, requested);
   ++counts.allocations_cached;
   return reinterpret_cast<void*>(block->address);
@@ -141,7 +142,7 @@ bool Shard::free_to_hot(std::uintptr_t address, std::size_t size_hint, const Opt
   if (block == nullptr) return false;  // another stream's block, or a bad free
   if (size_hint != 0 && size_hint != block->requested) return false;
   if (!block->recorded_streams.empty() || block->segment->owner != default_pool ||
-      size_policy::is_oversize(block->size, options) || hot.size() >= kHotBlocks || !make_hot_covered(stats, block)) {
+      size_policy::is_oversize(block->size, options) || !hot.has_room(block->size) || !make_hot_covered(stats, block)) {
     return false;
   }
   live.erase_at(found);

@@ -9,11 +9,11 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 
 #include "block.hpp"
 #include "cache_line_allocator.hpp"
 #include "fence_queue.hpp"
+#include "hot_list.hpp"
 #include "live_map.hpp"
 #include "shard_stats.hpp"
 #include "size_policy.hpp"
@@ -50,35 +50,32 @@ struct MemoryPool;
 // either lock suffices to read it. Cache-line aligned: each stream's fast path writes only its own
 // shard, and no other shard's fields may share a line with it.
 struct alignas(kCacheLine) Shard {
-  // The hot list's room is reserved once: the device-locked free pushes one block past kHotBlocks
-  // before it flushes, so the list never reallocates and the fast path's push never allocates.
-  explicit Shard(Stream stream) : fences(stream) { hot.reserve(kHotBlocks + 1); }
+  explicit Shard(Stream stream) : fences(stream) {}
   Stream stream() const { return fences.stream(); }
 
   // A spin lock: uncontended unless threads share the stream or a device-locked call holds it (then
   // waiters yield), and fewer locked instructions per fast path than a std::mutex.
   SpinLock lock;
   FenceQueue fences;
-  // Blocks just freed on this stream, kept unmerged so that the next allocation of the same size takes
-  // one back without splitting or merging (the common alloc/free loop). Oldest first.
-  static constexpr std::size_t kHotBlocks = 8;
-  std::vector<Block*, CacheLineAllocator<Block*>> hot;
+  // Blocks freed on this stream, kept unmerged so that the next allocations of sizes it freed before
+  // take them back without splitting or merging (hot_list.hpp).
+  HotList hot;
   // hot.size(), republished under the lock after every change (publish_hot) so that an allocation
   // can see without the lock that the hot list is empty, and go straight to the device-locked path. A
   // stale value only sends it the long way round or into the lock for nothing.
   std::atomic<std::uint32_t> hot_count{0};
   void publish_hot() { hot_count.store(static_cast<std::uint32_t>(hot.size()), std::memory_order_relaxed); }
   // The newest hot block of exactly `size` bytes, out of the list; nullptr when none. The block stays
-  // in the shard (still hot): handing it out makes it live there. Inline: every cached allocation.
+  // in the shard (still hot): handing it out makes it live there.
   Block* take_hot(std::size_t size) {
-    for (std::size_t i = hot.size(); i-- > 0;) {
-      Block* block = hot[i];
-      if (block->size != size) continue;
-      hot.erase(hot.begin() + static_cast<std::ptrdiff_t>(i));
-      publish_hot();
-      return block;
-    }
-    return nullptr;
+    Block* block = hot.find(size);
+    if (block == nullptr) return nullptr;
+    remove_hot(block);
+    return block;
+  }
+  void remove_hot(Block* block) {  // out of the hot list, still in the shard
+    hot.remove(block);
+    publish_hot();
   }
   // ---- the stream's own blocks
   // The fast path (shard.cpp), under `lock` alone: nullptr / false when the call needs the device-locked
@@ -97,13 +94,11 @@ struct alignas(kCacheLine) Shard {
   void erase_live(const Block* block) { live.erase(block->address); }
   void push_hot(Block* block) {
     block->hot = true;
-    hot.push_back(block);
+    hot.push(block);
     publish_hot();
   }
   // Without the lock: whether the hot list may hold a block (a stale answer only costs a look).
   bool has_hot() const { return hot_count.load(std::memory_order_relaxed) != 0; }
-  bool hot_full() const { return hot.size() >= kHotBlocks; }
-  bool hot_over() const { return hot.size() > kHotBlocks; }  // a free pushed it past kHotBlocks: flush
   // A block freed on this stream joins the open batch: the sequence number whose fence settles it.
   std::uint64_t join_open_batch() { return fences.join_as_owner(); }
   // Whether the fence that settles `block` (owned by this stream) has completed.

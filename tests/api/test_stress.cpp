@@ -1,5 +1,8 @@
 // Deterministic multi-threaded stress: 8 threads, each with its own stream (per device), allocate,
-// free and record their blocks on the other threads' streams, 20k operations each, with fixed seeds.
+// free and record their blocks on the other threads' streams, 20k operations each, with fixed seeds,
+// in phases: between phases the threads stop with their blocks live, and the allocator must validate()
+// (a quiescent point). The sizes vary, and many recur (a server's request sizes), so that the hot
+// lists serve sizes freed before, across threads.
 // Each thread tags its blocks and checks the tag before freeing, so memory handed to two threads at
 // once shows up as a wrong tag here and as a data race under -fsanitize=thread. Afterwards the
 // allocator must validate() and its stats must add up to what the threads did.
@@ -22,6 +25,7 @@ namespace {
 constexpr int kThreads = 8;
 constexpr int kOpsPerThread = 20000;
 constexpr std::size_t kMaxLivePerThread = 64;
+constexpr int kPhases = 4;  // validate() after each
 
 // What one thread did, per device, to compare with the allocator's stats afterwards.
 struct ThreadLog {
@@ -30,6 +34,23 @@ struct ThreadLog {
   std::vector<std::int64_t> ooms;          // allocations that failed with kOutOfMemory
   std::int64_t cross_device_rejects = 0;
   std::string failure;  // first unexpected outcome
+};
+
+struct LiveBlock {
+  std::uint8_t* ptr;
+  std::size_t size;
+  int device;
+  Stream stream;
+  std::uint8_t tag;
+};
+
+// What one thread carries from phase to phase.
+struct ThreadState {
+  explicit ThreadState(int thread)
+      : rng(0x5eed0000u + static_cast<unsigned>(thread)), next_tag(static_cast<std::uint64_t>(thread) * 37) {}
+  std::mt19937_64 rng;
+  std::vector<LiveBlock> live;
+  std::uint64_t next_tag;
 };
 
 struct StressCase {
@@ -60,7 +81,8 @@ class Stress : public ::testing::TestWithParam<StressCase> {
     allocator_ = std::make_unique<Allocator>(options, sim_);
   }
 
-  void run_thread(int thread, ThreadLog& log);
+  // `ops` more operations of `thread`; with `finish`, then frees its blocks.
+  void run_thread(int thread, ThreadState& state, ThreadLog& log, int ops, bool finish);
 
   std::shared_ptr<SimBackend> sim_;
   std::unique_ptr<Allocator> allocator_;
@@ -68,16 +90,13 @@ class Stress : public ::testing::TestWithParam<StressCase> {
   std::atomic<std::int64_t> tag_failures_{0};
 };
 
-struct LiveBlock {
-  std::uint8_t* ptr;
-  std::size_t size;
-  int device;
-  Stream stream;
-  std::uint8_t tag;
-};
+// Sizes that recur, as a server's do, small and large.
+constexpr std::size_t kRecurring[] = {512,     1024,    4096,    8192,    65536,  262144,
+                                      1 * MiB, 2 * MiB, 2359296, 3211264, 4 * MiB};
 
 std::size_t random_size(std::mt19937_64& rng) {
   const std::uint64_t kind = rng() % 100;
+  if (kind < 40) return kRecurring[rng() % (sizeof kRecurring / sizeof kRecurring[0])];
   if (kind < 80) {  // small, log-uniform 1 B .. 256 KiB
     const unsigned bits = 1 + static_cast<unsigned>(rng() % 18);
     const std::size_t low = std::size_t{1} << (bits - 1);
@@ -87,14 +106,14 @@ std::size_t random_size(std::mt19937_64& rng) {
   return 12 * MiB;                                // own segment
 }
 
-void Stress::run_thread(int thread, ThreadLog& log) {
+void Stress::run_thread(int thread, ThreadState& state, ThreadLog& log, int ops, bool finish) {
   const int devices = static_cast<int>(streams_.size());
-  log.allocations.assign(static_cast<std::size_t>(devices), 0);
-  log.record_calls.assign(static_cast<std::size_t>(devices), 0);
-  log.ooms.assign(static_cast<std::size_t>(devices), 0);
-  std::mt19937_64 rng(0x5eed0000u + static_cast<unsigned>(thread));
-  std::vector<LiveBlock> live;
-  std::uint64_t next_tag = static_cast<std::uint64_t>(thread) * 37;
+  log.allocations.resize(static_cast<std::size_t>(devices), 0);
+  log.record_calls.resize(static_cast<std::size_t>(devices), 0);
+  log.ooms.resize(static_cast<std::size_t>(devices), 0);
+  std::mt19937_64& rng = state.rng;
+  std::vector<LiveBlock>& live = state.live;
+  std::uint64_t& next_tag = state.next_tag;
   auto fail = [&](const std::string& what) {
     if (log.failure.empty()) log.failure = "thread " + std::to_string(thread) + ": " + what;
   };
@@ -115,7 +134,7 @@ void Stress::run_thread(int thread, ThreadLog& log) {
     allocator_->deallocate(b.ptr, exact ? b.size : 0, exact ? b.device : -1, b.stream);
   };
 
-  for (int op = 0; op < kOpsPerThread && log.failure.empty(); ++op) {
+  for (int op = 0; op < ops && log.failure.empty(); ++op) {
     const std::uint64_t r = rng() % 100;
     try {
       if (r < 40 && live.size() < kMaxLivePerThread) {
@@ -175,6 +194,7 @@ void Stress::run_thread(int thread, ThreadLog& log) {
       fail("op " + std::to_string(op) + ": unexpected exception: " + e.what());
     }
   }
+  if (!finish) return;
   try {
     while (!live.empty()) free_block(live.size() - 1);
   } catch (const std::exception& e) {
@@ -185,11 +205,21 @@ void Stress::run_thread(int thread, ThreadLog& log) {
 TEST_P(Stress, ThreadsAllocateFreeAndRecordOnEachOthersStreams) {
   const int devices = GetParam().devices;
   std::vector<ThreadLog> logs(kThreads);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) threads.emplace_back([this, t, &logs] { run_thread(t, logs[t]); });
-  for (auto& thread : threads) thread.join();
+  std::vector<ThreadState> states;
+  for (int t = 0; t < kThreads; ++t) states.emplace_back(t);
+  for (int phase = 0; phase < kPhases; ++phase) {
+    const bool last = phase == kPhases - 1;
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back(
+          [this, t, last, &logs, &states] { run_thread(t, states[t], logs[t], kOpsPerThread / kPhases, last); });
+    }
+    for (auto& thread : threads) thread.join();
+    for (const ThreadLog& log : logs) ASSERT_TRUE(log.failure.empty()) << log.failure;
+    // A quiescent point: every thread has stopped, its blocks live, its hot lists as it left them.
+    ASSERT_NO_THROW(allocator_->validate()) << "after phase " << phase;
+  }
 
-  for (const ThreadLog& log : logs) ASSERT_TRUE(log.failure.empty()) << log.failure;
   EXPECT_EQ(tag_failures_.load(), 0) << "a block's tag changed while its thread still owned it";
 
   allocator_->synchronize_fences();
@@ -215,6 +245,7 @@ TEST_P(Stress, ThreadsAllocateFreeAndRecordOnEachOthersStreams) {
     EXPECT_EQ(stats.pending_blocks.current, 0);
     EXPECT_EQ(stats.pending_bytes.current, 0);
     EXPECT_EQ(stats.record_stream_calls, records);
+    EXPECT_GT(stats.allocations_cached, allocations / 50) << "the hot lists served sizes that recur";
     EXPECT_EQ(stats.invalid_frees, 0);
     EXPECT_EQ(stats.num_ooms, ooms);
     EXPECT_EQ(stats.reserved_bytes[0].current, static_cast<std::int64_t>(sim_->reserved_bytes(d)));

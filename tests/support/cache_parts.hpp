@@ -61,6 +61,10 @@ struct CacheParts {
   // anywhere yet; `owner` 0 makes a block settled (last used by `settled_stream`).
   Segment& tiled(SizeClass size_class, std::uintptr_t address,
                  std::initializer_list<std::pair<std::size_t, Stream>> blocks, Stream settled_stream = 0) {
+    return tiled(size_class, address, std::vector<std::pair<std::size_t, Stream>>(blocks), settled_stream);
+  }
+  Segment& tiled(SizeClass size_class, std::uintptr_t address,
+                 const std::vector<std::pair<std::size_t, Stream>>& blocks, Stream settled_stream = 0) {
     segments.push_back(std::make_unique<Segment>());
     Segment& segment = *segments.back();
     segment.address = address;

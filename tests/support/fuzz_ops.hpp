@@ -133,6 +133,11 @@ inline std::size_t decode_size(OpSource& src, const FuzzConfig& config) {
     if (src.below(8) == 0) return SIZE_MAX - src.below(4096);
     return config.memory_limit + 1 + src.below(config.memory_limit);
   }
+  if (kind < 23) {
+    // Sizes that recur, as a server's do, so that the hot lists serve sizes freed before.
+    constexpr std::size_t kRecurring[] = {512, 4096, 65536, 1 * MiB, 2 * MiB, 2359296, 3211264, 4 * MiB};
+    return kRecurring[src.below(sizeof kRecurring / sizeof kRecurring[0])];
+  }
   if (kind < 73) {
     const unsigned bits = 1 + static_cast<unsigned>(src.below(20));  // sizes 1 B .. 1 MiB
     const std::size_t low = std::size_t{1} << (bits - 1);

@@ -109,7 +109,7 @@ TEST(FreeBlocks, TakeSplitsTheRestBackIntoTheLists) {
   free.remove(taken->next);
 }
 
-TEST(FreeBlocks, FlushHotMovesTheOldestHotBlocksIntoTheLists) {
+TEST(FreeBlocks, FlushHotMovesTheHotBlocksOfAClassIntoTheLists) {
   CacheParts parts;
   FreeBlocks free(parts.shards, parts.ledger, parts.options);
   const Stream a = parts.sim.create_stream(0);
@@ -121,18 +121,51 @@ TEST(FreeBlocks, FlushHotMovesTheOldestHotBlocksIntoTheLists) {
     Block* b = CacheParts::at(segment, i);
     b->hot = true;
     parts.shards.enter(b);
-    shard.hot.push_back(b);
+    shard.hot.push(b);
   }
   shard.publish_hot();
-  free.flush_hot(shard, 1);
-  ASSERT_EQ(shard.hot.size(), 1u);
-  EXPECT_EQ(shard.hot.front(), CacheParts::at(segment, 1)) << "the newest stays";
-  EXPECT_EQ(shard.hot_count.load(), 1u);
-  Block* oldest = segment.head;
-  EXPECT_FALSE(oldest->hot);
-  EXPECT_FALSE(oldest->in_shard);
-  EXPECT_TRUE(oldest->settled) << "its fence (sequence 0) has completed";
-  EXPECT_TRUE(parts.pool.free.contains_settled(oldest));
+  free.flush_hot(shard, SizeClass::kLarge);
+  EXPECT_EQ(shard.hot.size(), 2u) << "no hot block of the large class";
+  EXPECT_EQ(shard.counts.hot_list_flushes, 0u) << "a flush that moves nothing is not counted";
+  free.flush_hot(shard, SizeClass::kSmall);
+  EXPECT_TRUE(shard.hot.empty());
+  EXPECT_EQ(shard.hot_count.load(), 0u);
+  EXPECT_EQ(shard.counts.hot_list_flushes, 1u);
+  Block* merged = segment.head;
+  EXPECT_FALSE(merged->hot);
+  EXPECT_FALSE(merged->in_shard);
+  EXPECT_EQ(merged->size, 8192u) << "the two blocks merged as they joined the lists";
+  EXPECT_TRUE(merged->settled) << "its fence (sequence 0) has completed";
+  EXPECT_TRUE(parts.pool.free.contains_settled(merged));
+  free.remove(segment.head);
+}
+
+TEST(FreeBlocks, TrimHotKeepsTheNewestWithinThreeQuartersOfTheBounds) {
+  CacheParts parts;
+  FreeBlocks free(parts.shards, parts.ledger, parts.options);
+  const Stream a = parts.sim.create_stream(0);
+  const std::size_t blocks = HotList::kMaxBlocks + 1;
+  std::vector<std::pair<std::size_t, Stream>> layout(blocks, {512, a});
+  layout.push_back({2 * MiB - blocks * 512, a});
+  Segment& segment = parts.tiled(SizeClass::kSmall, 0x200000, layout);
+  CacheParts::at(segment, static_cast<int>(blocks))->state = BlockState::kAllocated;
+  DeviceCall call(parts.shards);
+  Shard& shard = parts.shards.get(a);
+  for (std::size_t i = 0; i < blocks; ++i) {
+    Block* b = CacheParts::at(segment, static_cast<int>(i));
+    b->hot = true;
+    parts.shards.enter(b);
+    shard.hot.push(b);
+  }
+  shard.publish_hot();
+  Block* newest = shard.hot.newest();
+  ASSERT_TRUE(shard.hot.over());
+  free.trim_hot(shard);
+  EXPECT_EQ(shard.hot.size(), HotList::kMaxBlocks / 4 * 3);
+  EXPECT_EQ(shard.hot.newest(), newest) << "the newest stay";
+  EXPECT_EQ(shard.hot_count.load(), HotList::kMaxBlocks / 4 * 3);
+  EXPECT_EQ(segment.head->size, (blocks - HotList::kMaxBlocks / 4 * 3) * 512) << "the oldest left, merged";
+  EXPECT_STREQ(shard.hot.broken(), "");
   free.flush_all_hot();
   EXPECT_TRUE(shard.hot.empty());
   free.remove(segment.head);

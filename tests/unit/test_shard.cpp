@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <utility>
+#include <vector>
 
 #include "cache_parts.hpp"
 #include "shard.hpp"
@@ -69,10 +71,12 @@ TEST(Shard, TheFastPathLeavesOtherUsesPrivatePoolsAndAFullListToTheDeviceLock) {
   EXPECT_EQ(shard.live.find(block->address), block) << "nothing changed";
   EXPECT_FALSE(block->hot);
 
-  Segment& segment = parts.tiled(SizeClass::kSmall, 0x400000, {{512, 0}});
-  while (!shard.hot_full()) shard.push_hot(segment.head);
-  EXPECT_FALSE(shard.free_to_hot(block->address, 0, parts.options, &parts.pool)) << "a full hot list";
+  std::vector<std::pair<std::size_t, Stream>> layout(HotList::kMaxBlocks, {512, 0});
+  Segment& segment = parts.tiled(SizeClass::kSmall, 0x400000, layout);
+  for (Block* b = segment.head; b != nullptr; b = b->next) shard.push_hot(b);
+  EXPECT_FALSE(shard.free_to_hot(block->address, 0, parts.options, &parts.pool)) << "a hot list at its bounds";
   EXPECT_EQ(shard.live.find(block->address), block);
+  while (shard.has_hot()) shard.remove_hot(shard.hot.oldest());
   shard.erase_live(block);
 }
 
