@@ -57,8 +57,9 @@ def test_settings_are_accepted_and_refused_as_pytorch_does():
 GPU_PROBE = """
 import json, torch
 {enable}
+torch.cuda.init()  # PyTorch's memory_stats() is empty before CUDA is initialised
 key = "active_bytes.all.allocated"
-stats = lambda: torch.cuda.memory_stats()[key]
+stats = lambda: torch.cuda.memory_stats().get(key, 0)
 nbytes = 4 * 21 * 1024 * 1024
 out = {{}}
 torch.cuda.memory._set_allocator_settings("")

@@ -322,15 +322,11 @@ c10::cuda::CUDACachingAllocator::ShareableHandle TorchAllocator::shareIpcHandle(
   TORCH_CHECK(core != nullptr, "streamalloc: cannot share ", ptr,
               " with another process: streamalloc has not "
               "allocated anything yet");
-  std::size_t size = 0;
-  void* base = core->segment_base(ptr, &size);
-  TORCH_CHECK(base != nullptr, "streamalloc: cannot share ", ptr,
-              " with another process: it is not inside memory "
-              "streamalloc reserved");
+  // Expandable first: the core refuses their base with a message that does not name the way out.
   const int device = core->device_of(ptr);
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   bool expandable = false;
-  for (const SegmentInfo& segment : core->segments(device)) {
+  for (const SegmentInfo& segment : core->segments(device)) {  // every device's when it is not live
     if (segment.expandable && address >= segment.address && address < segment.address + segment.total_size) {
       expandable = true;
       break;
@@ -342,6 +338,11 @@ c10::cuda::CUDACachingAllocator::ShareableHandle TorchAllocator::shareIpcHandle(
               "equal pieces, and streamalloc maps pieces of varying size. Allocate the tensors to share inside "
               "`with torch.cuda.use_mem_pool(torch.cuda.MemPool()):` (private pools use fixed segments), or run "
               "without expandable_segments.");
+  std::size_t size = 0;
+  void* base = core->segment_base(ptr, &size);
+  TORCH_CHECK(base != nullptr, "streamalloc: cannot share ", ptr,
+              " with another process: it is not inside memory "
+              "streamalloc reserved");
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   return share_cuda_malloc_segment(base, static_cast<const char*>(ptr) - static_cast<const char*>(base));
 }
