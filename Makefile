@@ -57,7 +57,7 @@ help:
 	@echo "make traces    record allocation traces of real workloads (GPU machine, PyTorch)"
 	@echo "make bench     full benchmark run; writes docs/benchmarks.md and plots (build/benchmarks.md without a GPU);"
 	@echo "               the trace replays include the expandable-segments peers (torch_expandable, streamalloc_expandable)"
-	@echo "make bench-threads OUT=dir  the allocator-bound inference server (small_mlp) and the varied-size threads scenario,"
+	@echo "make bench-threads OUT=dir  the allocator-bound inference server (small_mlp) and the varied-size threads scenarios,"
 	@echo "               streamalloc against its peers at 1..16 threads, interleaved, medians of 3: JSON + markdown in dir"
 	@echo "               (GPU machine for the server and the CUDA peers; elsewhere the threads scenarios on the simulated device)"
 	@echo "make audit-overhead  what audit/poison/check_sync/quarantine cost on the training loop (GPU machine)"

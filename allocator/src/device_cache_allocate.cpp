@@ -26,6 +26,7 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
   if (requested > size_policy::kMaxRequest || requested > memory_.total_bytes()) throw_out_of_memory(requested, stream);
   Shard& own = shards_.get(stream);  // first sight of a stream checks that it belongs to this device
   own.count(&StreamCounts::allocations_device_locked);
+  const StatsLedger::Serving serving(ledger_, own.stats);
   MemoryPool& pool = pools_.pool_for(stream);
   if (fences_.has_capture_frees()) fences_.reuse_capture_frees(stream);
   const std::size_t size = rounding_.round(requested);

@@ -37,6 +37,7 @@ bool DeviceCache::deallocate_locked(std::uintptr_t address, std::size_t size_hin
   Shard& owner = shards_.get(block->stream);
   owner.note_thread();
   owner.count(&StreamCounts::frees_device_locked);
+  const StatsLedger::Serving serving(ledger_, owner.stats);
   free_live(block);
   return true;
 }
@@ -47,8 +48,8 @@ void DeviceCache::free_live(Block* block) {
   Shard& owner = shards_.get(block->stream);
   owner.erase_live(block);
   shards_.leave(block);
-  // A free with uses returns its headroom to its stream's shard (account_freed says why).
-  ledger_.account_freed(block, block->recorded_streams.empty() ? nullptr : &owner);
+  // A free returns its headroom to its stream's shard (account_freed says why).
+  ledger_.account_freed(block, &owner);
   if (size_policy::is_oversize(block->size, options_)) ledger_.decrease(&DeviceStats::oversize_allocations, 1);
   if (aids_ != nullptr) aids_->on_free(*block);
   if (!block->recorded_streams.empty()) {
@@ -60,7 +61,7 @@ void DeviceCache::free_live(Block* block) {
   }
   block->since = coarse_now();
   if (aids_ != nullptr) aids_->on_reusable(*block);  // the owner's batch fences whatever an aid enqueued
-  ledger_.account_inactive(block, nullptr);
+  ledger_.account_inactive(block, &owner);
   // No other uses: stream order makes the block safe for its allocation stream at once. It joins that
   // stream's open batch, whose fence will make it safe for every stream (settled). Until that batch is
   // fenced it is kept in the stream's hot list, where an allocation of its size takes it back.

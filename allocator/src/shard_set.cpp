@@ -59,15 +59,18 @@ Block* ShardSet::find_live(std::uintptr_t address) {
   return block->state == BlockState::kAllocated ? block : nullptr;
 }
 
-// Shard by shard, each locked until the call returns, only what is missing: the shards not visited
-// keep running their fast paths, and those visited keep what was not needed. Only when every shard has
-// given all it has is the device's current known with nothing moving, and a peak may rise.
+// Shard by shard, each locked until the call returns: the shards not visited keep running their fast
+// paths. A shard with live blocks gives only what is missing and keeps the rest for its stream's next
+// allocations; a shard with none, a stream between its requests or done, gives all it has, so that
+// the device's headroom covers the allocations that follow without a gather each (streams taking
+// turns). Only when every shard has given all it has is the device's current known with nothing
+// moving, and a peak may rise.
 void ShardSet::gather_headroom(FastStat s, int p, std::int64_t needed, std::int64_t& device) {
   for (const auto& [stream, shard] : shards_) {
     if (device >= needed) break;
     lock(*shard);
     std::int64_t& part = shard->stats.headroom[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
-    const std::int64_t take = std::min(part, needed - device);
+    const std::int64_t take = shard->live.size() == 0 ? part : std::min(part, needed - device);
     device += take;
     part -= take;
     if (take > 0) ++shard->counts.headroom_given;

@@ -50,13 +50,10 @@ void StatsLedger::account_allocated(Shard& shard, const Block* block, std::size_
   fast_increase(kActiveBytes, size_class, size, &shard.stats);
 }
 
-// Which headroom a free returns: a block freed with uses (the frees of a cross-stream loop) comes
-// back to its allocation stream after its fences, kept in that stream's hot list where it can
-// (DeviceCache::release_pending), and the stream's next allocation takes it on the fast path; so its free
-// and its release give their headroom to the stream's shard, which that allocation draws. Other
-// device-locked frees give it to the device (`shard` null): a shard keeps what its own fast path
-// returns, and headroom given to shards whose streams allocate on the device-locked path would have to
-// be gathered back from every shard, at a cost that grows with the number of streams.
+// Which headroom a free returns: its allocation stream's (`shard`), where that stream's next allocation
+// looks for it: a free with uses comes back to its allocation stream after its fences, kept in that
+// stream's hot list where it can (DeviceCache::release_pending), and a free without uses is hot there at
+// once. A shard given headroom it does not use keeps it only until a gather takes it back.
 void StatsLedger::account_freed(const Block* block, Shard* shard) {
   const SizeClass size_class = block->segment->size_class;
   ShardStats* part = shard == nullptr ? nullptr : &shard->stats;

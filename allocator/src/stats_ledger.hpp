@@ -55,17 +55,33 @@ class StatsLedger {
   }
 
   // ---- the stats the fast path changes too, changed by device-locked code
+  // The shard of the stream that a device-locked allocation or free serves (locked by that call), for
+  // as long as the Serving object lives: the changes the call makes without naming a shard (the
+  // free lists' inactive splits, a free's stats) spend that shard's headroom first and return theirs
+  // to it. So each stream keeps the headroom its own blocks need, and its next fast paths find it
+  // there rather than in the device's (docs/design.md, "Stats stay exact").
+  class Serving {
+   public:
+    Serving(StatsLedger& ledger, ShardStats& shard) : ledger_(ledger) { ledger_.serving_ = &shard; }
+    ~Serving() { ledger_.serving_ = nullptr; }
+    Serving(const Serving&) = delete;
+    Serving& operator=(const Serving&) = delete;
+
+   private:
+    StatsLedger& ledger_;
+  };
   // The device's part of `current`, its headroom, and, when every shard's headroom falls short, the
   // peak. Inline for the common case, the device's headroom covering the increase in total and in the
   // size class; drawing it from the shards or a new peak is out of line, so that the common case saves
-  // no registers. `shard` (locked), when given: its headroom is spent before the device's, and a
-  // decrease returns it there.
+  // no registers. `shard` (locked), else the shard served (Serving), when there is one: its headroom
+  // is spent before the device's, and a decrease returns it there.
   void fast_increase(FastStat s, SizeClass size_class, std::int64_t amount, ShardStats* shard = nullptr) {
     const auto i = static_cast<std::size_t>(s);
     const auto q = static_cast<std::size_t>(class_index(size_class));
     const auto covers = [&](const std::array<std::int64_t, kSizeClasses>& r) {
       return r[0] >= amount && r[q] >= amount;
     };
+    if (shard == nullptr) shard = serving_;
     std::array<std::int64_t, kSizeClasses>& room =
         shard != nullptr && covers(shard->headroom[i]) ? shard->headroom[i] : headroom_[i];
     if (__builtin_expect(covers(room), 1)) {
@@ -83,6 +99,7 @@ class StatsLedger {
   void fast_decrease(FastStat s, SizeClass size_class, std::int64_t amount, ShardStats* shard = nullptr) {
     const auto i = static_cast<std::size_t>(s);
     const auto q = static_cast<std::size_t>(class_index(size_class));
+    if (shard == nullptr) shard = serving_;
     std::array<std::int64_t, kSizeClasses>& room = shard != nullptr ? shard->headroom[i] : headroom_[i];
     room[0] += amount;
     room[q] += amount;
@@ -96,7 +113,7 @@ class StatsLedger {
   // A block handed out (and active), spending `shard`'s headroom first (stats_ledger.cpp says why).
   void account_allocated(Shard& shard, const Block* block, std::size_t requested);
   // No longer allocated / no longer active (its requested bytes leave the stats). The headroom they
-  // return goes to `shard` (locked) when given, else to the device's.
+  // return goes to `shard` (locked) when given, else to the shard served, else to the device's.
   void account_freed(const Block* block, Shard* shard);
   void account_inactive(Block* block, Shard* shard);
   // A free block inside a segment that is not entirely free counts as an inactive split (PyTorch's
@@ -167,6 +184,7 @@ class StatsLedger {
   void for_each_stat(F&& visit);
 
   HeadroomDonors& donors_;
+  ShardStats* serving_ = nullptr;  // Serving
   DeviceStats stats_;
   Headroom headroom_{};  // the device's, per stat and class index
   bool accumulated_reset_ = false;

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """How streamalloc scales with threads against its peers: the allocator-bound inference server and the
-varied-size threads scenario, JSON and markdown into one folder (`make bench-threads OUT=DIR`).
+varied-size threads scenarios, JSON and markdown into one folder (`make bench-threads OUT=DIR`).
 
   1. streamalloc_inference_server, model small_mlp (bench/studies/inference_server.py): every allocator
      of the build (native, streamalloc, standin = the ceiling, rmm), one process per allocator and round,
      rounds interleaved; medians of all repetitions; streamalloc's path counts at each thread count.
      Skipped without a GPU or without the server (it needs LibTorch and the PyTorch plugin).
-  2. streamalloc_bench's threads_varied and threads scenarios: streamalloc, torch_native,
+  2. streamalloc_bench's threads_varied, threads_server (the server's tensor sizes, without the GPU work)
+     and threads scenarios: streamalloc, torch_native,
      cudaMallocAsync and rmm_arena where they run (on the simulated device: streamalloc alone),
      repetitions interleaved, medians; streamalloc's path counts per row.
 
@@ -73,7 +74,7 @@ def threads_bench(args):
     binary = os.path.join(args.build, "bench", "streamalloc_bench")
     json_path = os.path.join(args.out, "threads.json")
     peers = bench_peers(binary)
-    cmd = [binary, "--benchmark_filter=^threads(_varied)?/", "--peers=" + ",".join(peers),
+    cmd = [binary, "--benchmark_filter=^threads(_varied|_server)?/", "--peers=" + ",".join(peers),
            "--benchmark_repetitions=3", "--benchmark_enable_random_interleaving=true",
            "--benchmark_report_aggregates_only=true", f"--min_time={0.05 if args.quick else 0.2}",
            f"--benchmark_out={json_path}", "--benchmark_out_format=json"]
@@ -89,12 +90,12 @@ def threads_markdown(data, thread_list):
     for b in data["benchmarks"]:
         if b.get("aggregate_name") != "median" or b.get("error_occurred"):
             continue
-        m = re.match(r"(threads(?:_varied)?)/([^@/]+)@([^/]+)/.*threads:(\d+)", b["run_name"])
+        m = re.match(r"(threads(?:_varied|_server)?)/([^@/]+)@([^/]+)/.*threads:(\d+)", b["run_name"])
         if m:
             rows[(m.group(1), m.group(2), m.group(3), int(m.group(4)))] = b
     wanted = [int(t) for t in thread_list.split(",")]
     out = []
-    for scenario in ("threads_varied", "threads"):
+    for scenario in ("threads_varied", "threads_server", "threads"):
         peers = list(dict.fromkeys((p, d) for (s, p, d, _) in rows if s == scenario))
         if not peers:
             continue
@@ -167,7 +168,7 @@ def main(argv):
     threads_md = threads_bench(args)
     with open(os.path.join(args.out, "threads.md"), "w") as f:
         f.write(threads_md)
-    readme = "# Threads: the allocator-bound server and the varied-size threads scenario\n\n" + server_md + "\n" + \
+    readme = "# Threads: the allocator-bound server and the varied-size threads scenarios\n\n" + server_md + "\n" + \
         threads_md
     with open(os.path.join(args.out, "README.md"), "w") as f:
         f.write(readme)

@@ -93,21 +93,36 @@ TEST(ShardSet, TheIndexOfShardBlocksFindsLiveBlocksOnly) {
 namespace streamalloc {
 namespace {
 
-// The ledger's donors: each shard gives only what is still missing, in stream order, locked as it is asked.
-TEST(ShardSet, GatherHeadroomTakesOnlyWhatIsMissingFromTheShards) {
+// The ledger's donors, in stream order, locked as each is asked: a shard with live blocks gives only
+// what is still missing, a shard with none all it has.
+TEST(ShardSet, GatherHeadroomTakesWhatIsMissingFromBusyShardsAndAllFromIdleOnes) {
   SimBackend sim;
   ShardSet set(sim, 0);
-  const Stream a = sim.create_stream(0);
-  const Stream b = sim.create_stream(0);
+  const Stream idle = sim.create_stream(0);
+  const Stream busy = sim.create_stream(0);
   Call call(set);
-  for (Stream s : {a, b}) set.get(s).stats.headroom[kAllocation][0] = 5;
-  std::int64_t device = 2;
+  ASSERT_LT(idle, busy) << "asked in stream order";
+  Segment segment;
+  Block block;
+  block.segment = &segment;
+  segment.head = &block;
+  block.address = 0x200000;
+  block.size = 512;
+  block.stream = busy;
+  block.state = BlockState::kAllocated;
+  set.get(busy).live.insert(block.address, &block);
+  for (Stream s : {idle, busy}) set.get(s).stats.headroom[kAllocation][0] = 5;
+  std::int64_t device = 0;
+  set.gather_headroom(kAllocation, 0, 3, device);
+  EXPECT_EQ(device, 5) << "the idle shard gave all it had";
+  EXPECT_EQ(set.get(idle).stats.headroom[kAllocation][0], 0);
+  EXPECT_EQ(set.get(busy).stats.headroom[kAllocation][0], 5) << "not asked: the device had enough";
   set.gather_headroom(kAllocation, 0, 9, device);
   EXPECT_EQ(device, 9);
-  EXPECT_EQ(set.get(a).stats.headroom[kAllocation][0] + set.get(b).stats.headroom[kAllocation][0], 3)
-      << "7 of the 10 the shards held moved to the device";
+  EXPECT_EQ(set.get(busy).stats.headroom[kAllocation][0], 1) << "the busy shard gave only what was missing";
   set.gather_headroom(kAllocation, 0, 20, device);
-  EXPECT_EQ(device, 12) << "every shard gave all it had";
+  EXPECT_EQ(device, 10) << "every shard gave all it had";
+  set.get(busy).live.erase(block.address);
 }
 
 }  // namespace

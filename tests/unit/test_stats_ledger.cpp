@@ -96,6 +96,40 @@ TEST(StatsLedger, ShardHeadroomIsSpentFirstAndGatheredBeforeThePeakRises) {
   EXPECT_EQ(ledger.stats().active[0].peak, 3) << "nothing left anywhere: the peak rises";
 }
 
+// A device-locked call serving a stream: the changes it makes without naming a shard (the free lists'
+// inactive splits) spend that shard's headroom first and return theirs to it; after the call, the
+// device's again.
+TEST(StatsLedger, TheServedShardKeepsTheHeadroomOfUnnamedChanges) {
+  Donors donors;
+  ShardStats a;
+  ShardStats b;
+  donors.shards = {&a, &b};
+  StatsLedger ledger(donors);
+  OneBlock one(2048, SizeClass::kSmall);
+  {
+    const StatsLedger::Serving serving(ledger, a);
+    ledger.count_inactive_split(&one.block, true);  // a new peak: nothing to spend yet
+    ledger.uncount_inactive_split(&one.block);
+    EXPECT_EQ(a.headroom[kInactiveSplitBytes][0], 2048) << "returned to the shard served";
+    EXPECT_EQ(ledger.device_headroom(kInactiveSplitBytes, 0), 0);
+    donors.asked = 0;
+    ledger.count_inactive_split(&one.block, true);
+    EXPECT_EQ(a.headroom[kInactiveSplitBytes][0], 0) << "spent from the shard served";
+    EXPECT_EQ(donors.asked, 0);
+    EXPECT_EQ(ledger.stats().inactive_split_bytes[0].peak, 2048);
+    ledger.fast_decrease(kInactiveSplitBytes, SizeClass::kSmall, 2048, &b);  // a named shard wins
+    one.block.counted_inactive_split = false;
+    EXPECT_EQ(b.headroom[kInactiveSplitBytes][0], 2048);
+    EXPECT_EQ(a.headroom[kInactiveSplitBytes][0], 0);
+  }
+  ledger.count_inactive_split(&one.block, true);  // no shard served: the device gathers b's
+  EXPECT_GT(donors.asked, 0);
+  EXPECT_EQ(b.headroom[kInactiveSplitBytes][0], 0);
+  ledger.uncount_inactive_split(&one.block);
+  EXPECT_EQ(ledger.device_headroom(kInactiveSplitBytes, 0), 2048) << "no shard served: back to the device";
+  EXPECT_EQ(ledger.stats().inactive_split_bytes[0].peak, 2048) << "never above the largest current";
+}
+
 TEST(StatsLedger, InactiveSplitsAreCountedOnceAndAccountingRoundTrips) {
   Donors donors;
   StatsLedger ledger(donors);
