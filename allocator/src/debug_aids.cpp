@@ -1,12 +1,9 @@
-#include <stdexcept>
-
 #include "debug_aid.hpp"
+#include "invariant.hpp"
 
 namespace streamalloc {
 
-void AidCheck::broken(const std::string& what) const {
-  throw std::logic_error("streamalloc invariant broken on device " + std::to_string(device) + ": " + what);
-}
+void AidCheck::broken(const std::string& what) const { invariant::broken(device, what); }
 
 DebugAids::DebugAids(std::vector<std::unique_ptr<DebugAid>> aids) : aids_(std::move(aids)) {
   for (const auto& aid : aids_) {

@@ -1,37 +1,22 @@
-// DeviceCache::validate(): every invariant of docs/design.md ("Invariants"), checked from the block table.
+// DeviceCache::validate(): every invariant of docs/design.md ("Invariants"). Each component checks its own
+// state (Shard, PoolSet, FenceEngine, ExpandableSegments, StatsLedger, the debugging aids); what is left
+// here are the relations between them, checked from the block table: every block in exactly the index
+// its state says, every segment tiled and owned, every stat's current recomputed.
 // Expensive (walks everything); tests and the fuzzer call it after every step.
 #include <algorithm>
 #include <map>
-#include <spdlog/fmt/fmt.h>
-#include <stdexcept>
+#include <string>
 
 #include "device_cache.hpp"
+#include "invariant.hpp"
 #include "size_policy.hpp"
 
 namespace streamalloc {
-namespace {
-
-[[noreturn]] void broken(int device, const std::string& what) {
-  throw std::logic_error("streamalloc invariant broken on device " + std::to_string(device) + ": " + what);
-}
-
-std::string hex(std::uintptr_t value) { return fmt::format("{:#x}", value); }
-
-// `totals` is false once reset_accumulated_stats() ran: allocated/freed then restart from zero.
-void check_stat(int device, const char* name, const Stat& stat, std::int64_t expected, bool totals) {
-  if (stat.current != expected) {
-    broken(device, std::string(name) + ".current is " + std::to_string(stat.current) + " but the block table says " +
-                       std::to_string(expected));
-  }
-  if (totals && stat.allocated - stat.freed != stat.current) {
-    broken(device, std::string(name) + ": allocated - freed != current");
-  }
-  if (stat.peak < stat.current) broken(device, std::string(name) + ".peak is below current");
-}
-
-}  // namespace
 
 void DeviceCache::validate() const {
+  using invariant::broken;
+  using invariant::check_stat;
+  using invariant::hex;
   DeviceLock lock(*this);
   shards_.lock_all();  // every shard's hot list and live blocks hold still
   struct Totals {
@@ -43,97 +28,20 @@ void DeviceCache::validate() const {
   std::int64_t pending_blocks = 0, pending_bytes = 0, oversize_allocations = 0, oversize_segments = 0;
   auto oversize = [&](std::size_t size) { return size_policy::is_oversize(size, options_); };
   std::size_t free_blocks[2] = {0, 0};  // unsettled, settled
-  std::size_t live_blocks = 0, shard_live = 0, shard_indexed = 0;
-  std::size_t held = 0, held_bytes = 0, hot_blocks = 0, hot_listed = 0;
+  std::size_t live_blocks = 0, shard_indexed = 0;
+  std::size_t held = 0, held_bytes = 0, hot_blocks = 0;
   std::size_t reserved = 0;
 
-  // Pending blocks: how many fences (open or in flight) list each one.
-  std::map<const Block*, std::uint32_t> fence_refs;
-  std::map<Stream, std::pair<std::int64_t, std::int64_t>> per_stream_pending;
-  for (const auto& [stream, state] : shards_) {
-    const FenceQueue* q = &state->fences;
-    auto count = [&, stream = stream](const Block* b) {  // (a binding cannot be captured before C++20)
-      ++fence_refs[b];
-      per_stream_pending[stream].first += 1;
-      per_stream_pending[stream].second += static_cast<std::int64_t>(b->size);
-    };
-    for (const Block* b : q->open_pending()) count(b);
-    std::uint64_t last_seq = q->completed_seq();
-    for (const Fence& f : q->in_flight()) {
-      if (f.seq <= last_seq) broken(device_, "fences of stream " + hex(stream) + " are not in sequence order");
-      last_seq = f.seq;
-      for (const Block* b : f.pending) count(b);
-    }
-    if (last_seq > q->closed_seq()) broken(device_, "a fence is newer than the stream's closed batch");
-    // The settle list: unsettled free blocks of this stream, in sequence order, not yet fenced.
-    std::uint64_t previous = 0;
-    for (const Block* b = state->settle_list.head(); b != nullptr; b = b->settle_next) {
-      if (b->state != BlockState::kFree || b->settled || b->stream != stream) {
-        broken(device_, "settle list of stream " + hex(stream) + " holds block " + hex(b->address) +
-                            " that is not free and unsettled on that stream");
-      }
-      if (b->settle_seq < previous) broken(device_, "settle list of stream " + hex(stream) + " is out of order");
-      if (b->settle_seq <= q->completed_seq()) {
-        broken(device_, "block " + hex(b->address) +
-                            " stayed unsettled after its fence completed (a completed fence "
-                            "must release exactly its batch)");
-      }
-      previous = b->settle_seq;
-    }
-    if (const char* why = state->hot.broken(); *why != '\0') {
-      broken(device_, "hot list of stream " + hex(stream) + ": " + why);
-    }
-    state->hot.for_each([&, stream = stream, shard = state.get()](const Block* b) {
-      if (!b->hot || !b->in_shard || b->state != BlockState::kFree || b->stream != stream) {
-        broken(device_,
-               "hot list of stream " + hex(stream) + " holds block " + hex(b->address) + " that is not hot there");
-      }
-      if (shard->live.find(b->address) != nullptr) {
-        broken(device_, "block " + hex(b->address) + " is both live and kept in stream " + hex(stream) + "'s shard");
-      }
-      ++hot_listed;
-    });
-    // The shard's live table: blocks allocated on this stream, each under its own address.
-    state->live.for_each([&, stream = stream](std::uintptr_t address, const Block* b) {
-      if (b->address != address || b->state != BlockState::kAllocated || !b->in_shard || b->stream != stream) {
-        broken(device_, "the live table of stream " + hex(stream) + " holds " + hex(address) +
-                            ", which is not a block allocated on that stream");
-      }
-      ++shard_live;
-    });
-    const StreamPending& ps = q->pending_stats();
-    const auto& expected = per_stream_pending[stream];
-    check_stat(device_, "per-stream pending_blocks", ps.pending_blocks, expected.first, !ledger_.accumulated_reset());
-    check_stat(device_, "per-stream pending_bytes", ps.pending_bytes, expected.second, !ledger_.accumulated_reset());
-  }
+  // Each shard's own invariants; what they count is checked against the block table below.
+  ShardTally tally;
+  for (const auto& [stream, shard] : shards_) shard->validate(device_, !ledger_.accumulated_reset(), tally);
+  const std::map<const Block*, std::uint32_t>& fence_refs = tally.fence_refs;
+  pools_.validate();
+  fences_.validate();
 
   // Pools: every segment belongs to a pool the cache knows, and each pool counts its segments.
   std::map<const MemoryPool*, std::size_t> pool_segments{{&pools_.default_pool(), 0}};
-  for (const auto& [id, pool] : pools_.private_pools()) {
-    if (pool->id != id || id.is_default()) broken(device_, "a private pool is filed under the wrong id");
-    pool_segments[pool.get()] = 0;
-  }
-  for (const PoolSet::Route& route : pools_.routes()) {
-    if (pool_segments.count(route.pool) == 0 || pools_.is_default(route.pool)) {
-      broken(device_, "a route leads to a pool the cache does not hold");
-    }
-    if (route.pool->use_count < 1) broken(device_, "a routed pool has no use for its route");
-  }
-  fences_.capture_reuse().for_each_block([&](const Block* block) {
-    if (block->state != BlockState::kPending) {
-      broken(device_,
-             "block " + hex(block->address) + " waits for its streams to join in a capture but is not pending");
-    }
-  });
-  for (const auto& [block, streams] : fences_.capture_uses()) {
-    if (block->state == BlockState::kFree) broken(device_, "a free block still has uses recorded during a capture");
-    for (Stream used : streams) {
-      const auto& uses = block->recorded_streams;
-      if (std::find(uses.begin(), uses.end(), used) == uses.end()) {
-        broken(device_, "a use recorded during a capture is not among block " + hex(block->address) + "'s uses");
-      }
-    }
-  }
+  for (const auto& [id, pool] : pools_.private_pools()) pool_segments[pool.get()] = 0;
 
   std::uintptr_t previous_end = 0;
   for (const Segment* segment : segments_.all()) {
@@ -277,11 +185,11 @@ void DeviceCache::validate() const {
       broken(device_, "the expandable segment a stream grows is not one of its segments");
     }
   }
-  if (hot_blocks != hot_listed) broken(device_, "a block is marked hot but is in no stream's hot list");
+  if (hot_blocks != tally.hot) broken(device_, "a block is marked hot but is in no stream's hot list");
   if (held != 0 && (aids_ == nullptr || !aids_->holds_blocks()))
     broken(device_, "a block is held but no aid holds blocks");
   if (reserved != segments_.reserved_bytes()) broken(device_, "reserved byte count disagrees with the segments");
-  if (live_blocks != shard_live) broken(device_, "the live table holds blocks that are not in any segment");
+  if (live_blocks != tally.live) broken(device_, "the live table holds blocks that are not in any segment");
   if (shard_indexed != shards_.indexed_count()) broken(device_, "the index of shard blocks holds blocks of no segment");
   std::size_t indexed[2] = {0, 0};
   for (const auto& [pool, segments] : pool_segments) {
@@ -307,24 +215,7 @@ void DeviceCache::validate() const {
     STREAMALLOC_POOL_STATS(STREAMALLOC_CHECK)
 #undef STREAMALLOC_CHECK
   }
-  // The headroom under each peak of the fast path's stats (shard_stats.hpp): never negative, and with
-  // the current it makes up the peak exactly.
-  for (int s = 0; s < kFastStats; ++s) {
-    for (int p = 0; p < kSizeClasses; ++p) {
-      const std::string name = std::string(kFastStatNames[static_cast<std::size_t>(s)]) + "." + kClassKeys[p];
-      std::int64_t headroom = ledger_.device_headroom(static_cast<FastStat>(s), p);
-      if (headroom < 0) broken(device_, name + ": the device's headroom is negative");
-      for (const auto& [stream, state] : shards_) {
-        const std::int64_t part = state->stats.headroom[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
-        if (part < 0) broken(device_, name + fmt::format(": stream {:#x} has negative headroom", stream));
-        headroom += part;
-      }
-      const Stat& stat = (stats.*kFastStatFields[static_cast<std::size_t>(s)])[static_cast<std::size_t>(p)];
-      if (stat.current + headroom != stat.peak) {
-        broken(device_, name + fmt::format(": peak {} != current {} + headroom {}", stat.peak, stat.current, headroom));
-      }
-    }
-  }
+  ledger_.validate(device_, shards_);
   check_stat(device_, "pending_blocks", ledger_.stats().pending_blocks, pending_blocks, !ledger_.accumulated_reset());
   check_stat(device_, "pending_bytes", ledger_.stats().pending_bytes, pending_bytes, !ledger_.accumulated_reset());
   check_stat(device_, "oversize_allocations", ledger_.stats().oversize_allocations, oversize_allocations,

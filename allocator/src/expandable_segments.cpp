@@ -13,10 +13,10 @@
 #include <algorithm>
 #include <atomic>
 #include <iterator>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "invariant.hpp"
 #include "logging.hpp"
 #include "size_policy.hpp"
 
@@ -218,9 +218,7 @@ void ExpandableSegments::refresh_split(Block* block) {
 
 void ExpandableSegments::validate(const Segment* segment, int device) const {
   const std::size_t page = page_bytes_;
-  auto broken = [device](const std::string& what) {
-    throw std::logic_error("streamalloc invariant broken on device " + std::to_string(device) + ": " + what);
-  };
+  auto broken = [device](const std::string& what) { invariant::broken(device, what); };
   if (!segment->expandable()) {
     if (!segment->pieces.empty()) broken("a fixed segment records mapped pieces");
     return;

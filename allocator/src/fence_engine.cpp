@@ -12,6 +12,7 @@
 
 #include <optional>
 
+#include "invariant.hpp"
 #include "logging.hpp"
 #include "size_policy.hpp"
 
@@ -311,6 +312,26 @@ void FenceEngine::reuse_capture_frees(Stream stream) {
     parts_.release(block, at);
   }
   parts_.capture_uses_changed();
+}
+
+void FenceEngine::validate() const {
+  using invariant::broken;
+  capture_reuse_.for_each_block([&](const Block* block) {
+    if (block->state != BlockState::kPending) {
+      broken(device_, "block " + invariant::hex(block->address) +
+                          " waits for its streams to join in a capture but is not pending");
+    }
+  });
+  for (const auto& [block, streams] : capture_uses_) {
+    if (block->state == BlockState::kFree) broken(device_, "a free block still has uses recorded during a capture");
+    for (Stream used : streams) {
+      const auto& uses = block->recorded_streams;
+      if (std::find(uses.begin(), uses.end(), used) == uses.end()) {
+        broken(device_,
+               "a use recorded during a capture is not among block " + invariant::hex(block->address) + "'s uses");
+      }
+    }
+  }
 }
 
 }  // namespace streamalloc

@@ -104,6 +104,10 @@ class FenceEngine {
   // `stream` is one more use of live `block` (record_stream, or a free on another stream). Asking
   // whether it captures costs a runtime call, so it is asked only while a route is open (`routes`).
   void add_use(Block* block, Stream stream, NewUse how, bool routes);
+  // The engine's own invariants (docs/design.md, "Invariants"): a block kept for reuse inside a capture
+  // is pending; a use recorded during a capture belongs to a block still in use and is among its uses.
+  // Throws std::logic_error naming the device.
+  void validate() const;
   bool has_capture_uses() const { return !capture_uses_.empty(); }
   const CaptureUses& capture_uses() const { return capture_uses_; }
   // Uses whose stream no longer captures leave their blocks, and their batches; a pending block left

@@ -3,6 +3,7 @@
 
 #include <spdlog/fmt/fmt.h>
 
+#include "invariant.hpp"
 #include "streamalloc/types.hpp"
 
 namespace streamalloc {
@@ -121,6 +122,19 @@ PoolInfo PoolSet::info(const MemoryPool& pool) const {
   info.no_split = pool.no_split;
   for (const Route& route : routes_) info.routed = info.routed || route.pool == &pool;
   return info;
+}
+
+void PoolSet::validate() const {
+  for (const auto& [id, pool] : private_) {
+    if (pool->id != id || id.is_default()) invariant::broken(device_, "a private pool is filed under the wrong id");
+  }
+  for (const Route& route : routes_) {
+    const auto owner = private_.find(route.pool->id);
+    if (owner == private_.end() || owner->second.get() != route.pool) {
+      invariant::broken(device_, "a route leads to a pool the cache does not hold");
+    }
+    if (route.pool->use_count < 1) invariant::broken(device_, "a routed pool has no use for its route");
+  }
 }
 
 }  // namespace streamalloc

@@ -44,6 +44,10 @@ class PoolSet {
   // Closes the route to `pool` (its use stays: the owner releases it); refuses a pool not routed to.
   void close_route(PoolId pool);
 
+  // The set's own invariants (docs/design.md, "Invariants"): each private pool filed under its own id,
+  // never the default's; each route leading to a private pool of the set that has a use for it. Throws
+  // std::logic_error naming the device.
+  void validate() const;
   MemoryPool* find(PoolId pool);  // the default pool too; nullptr when there is no such pool
   const MemoryPool* find(PoolId pool) const { return const_cast<PoolSet*>(this)->find(pool); }
   // A private pool that exists; refuses unknown and default pools, naming `operation`.

@@ -7,6 +7,7 @@
 // nothing before it knows it can finish.
 #include "shard.hpp"
 
+#include "invariant.hpp"
 #include "memory_pool.hpp"
 #include "size_policy.hpp"
 
@@ -156,6 +157,69 @@ bool Shard::free_to_hot(std::uintptr_t address, std::size_t size_hint, const Opt
   push_hot(block);
   ++counts.frees_cached;
   return true;
+}
+
+void Shard::validate(int device, bool totals, ShardTally& tally) const {
+  using invariant::broken;
+  using invariant::hex;
+  const Stream stream = this->stream();
+  std::int64_t pending_blocks = 0, pending_bytes = 0;
+  auto count = [&](const Block* b) {
+    ++tally.fence_refs[b];
+    pending_blocks += 1;
+    pending_bytes += static_cast<std::int64_t>(b->size);
+  };
+  for (const Block* b : fences.open_pending()) count(b);
+  std::uint64_t last_seq = fences.completed_seq();
+  for (const Fence& f : fences.in_flight()) {
+    if (f.seq <= last_seq) broken(device, "fences of stream " + hex(stream) + " are not in sequence order");
+    last_seq = f.seq;
+    for (const Block* b : f.pending) count(b);
+  }
+  if (last_seq > fences.closed_seq()) broken(device, "a fence is newer than the stream's closed batch");
+  // The settle list: unsettled free blocks of this stream, in sequence order, not yet fenced.
+  std::uint64_t previous = 0;
+  for (const Block* b = settle_list.head(); b != nullptr; b = b->settle_next) {
+    if (b->state != BlockState::kFree || b->settled || b->stream != stream) {
+      broken(device, "settle list of stream " + hex(stream) + " holds block " + hex(b->address) +
+                         " that is not free and unsettled on that stream");
+    }
+    if (b->settle_seq < previous) broken(device, "settle list of stream " + hex(stream) + " is out of order");
+    if (b->settle_seq <= fences.completed_seq()) {
+      broken(device, "block " + hex(b->address) +
+                         " stayed unsettled after its fence completed (a completed fence must release exactly its "
+                         "batch)");
+    }
+    previous = b->settle_seq;
+  }
+  if (const char* why = hot.broken(); *why != '\0') broken(device, "hot list of stream " + hex(stream) + ": " + why);
+  hot.for_each([&](const Block* b) {
+    if (!b->hot || !b->in_shard || b->state != BlockState::kFree || b->stream != stream) {
+      broken(device,
+             "hot list of stream " + hex(stream) + " holds block " + hex(b->address) + " that is not hot there");
+    }
+    if (live.find(b->address) != nullptr) {
+      broken(device, "block " + hex(b->address) + " is both live and kept in stream " + hex(stream) + "'s shard");
+    }
+    ++tally.hot;
+  });
+  // The live table: blocks allocated on this stream, each under its own address.
+  live.for_each([&](std::uintptr_t address, const Block* b) {
+    if (b->address != address || b->state != BlockState::kAllocated || !b->in_shard || b->stream != stream) {
+      broken(device, "the live table of stream " + hex(stream) + " holds " + hex(address) +
+                         ", which is not a block allocated on that stream");
+    }
+    ++tally.live;
+  });
+  const StreamPending& ps = fences.pending_stats();
+  invariant::check_stat(device, "per-stream pending_blocks", ps.pending_blocks, pending_blocks, totals);
+  invariant::check_stat(device, "per-stream pending_bytes", ps.pending_bytes, pending_bytes, totals);
+  for (std::size_t s = 0; s < stats.headroom.size(); ++s) {
+    for (const std::int64_t part : stats.headroom[s]) {
+      if (part < 0)
+        broken(device, std::string(kFastStatNames[s]) + ": stream " + hex(stream) + " has negative headroom");
+    }
+  }
 }
 
 }  // namespace streamalloc

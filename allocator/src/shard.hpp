@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 
 #include "block.hpp"
 #include "cache_line_allocator.hpp"
@@ -43,6 +44,13 @@ class SettleList {
 };
 
 struct MemoryPool;
+
+// What Shard::validate counts, for the cache's cross-checks against the block table.
+struct ShardTally {
+  std::map<const Block*, std::uint32_t> fence_refs;  // how many fences (open or in flight) list each block
+  std::size_t hot = 0;                               // blocks in the hot lists
+  std::size_t live = 0;                              // blocks in the live tables
+};
 
 // Which lock guards what (docs/design.md, "Locking"): `lock` guards `hot`, `live` and the blocks in
 // them, and the fence queue's open-batch sequence numbers (the fast path joins the open batch);
@@ -104,6 +112,12 @@ struct alignas(kCacheLine) Shard {
   // Whether the fence that settles `block` (owned by this stream) has completed.
   bool fence_completed(const Block* block) const { return fences.completed_seq() >= block->settle_seq; }
   void count(std::int64_t StreamCounts::*field) { ++(counts.*field); }
+  // This shard's own invariants (docs/design.md, "Invariants"), with `lock` and the device lock held:
+  // its fences in sequence order, its settle list, hot list and live table holding blocks of this stream
+  // in the state each says, its pending stats counting what its fences list (`totals`: as
+  // invariant::check_stat), its headroom never negative. Adds what it counted to `tally`; throws
+  // std::logic_error naming `device`.
+  void validate(int device, bool totals, ShardTally& tally) const;
   // A device-locked allocation or free on this stream came from the calling thread (a miss flushes the
   // hot lists of its own thread's streams first).
   void note_thread() { thread = this_thread_token(); }

@@ -1,6 +1,10 @@
 // StatsLedger: the out-of-line part of the device's stats (stats_ledger.hpp).
 #include "stats_ledger.hpp"
 
+#include <string>
+
+#include "invariant.hpp"
+
 namespace streamalloc {
 
 // Spends the device's headroom; when it falls short, the shards'; what is still missing raises the
@@ -171,6 +175,24 @@ void StatsLedger::reset_accumulated(ShardSet& shards) {
     fold_shard_part(shard->stats);
   }
   reset_accumulated();
+}
+
+void StatsLedger::validate(int device, const ShardSet& shards) const {
+  static const char* const kClassKeys[] = {"all", "small_pool", "large_pool"};
+  const DeviceStats stats = with_shards(shards);
+  for (std::size_t s = 0; s < kFastStats; ++s) {
+    for (std::size_t p = 0; p < kSizeClasses; ++p) {
+      const std::string name = std::string(kFastStatNames[s]) + "." + kClassKeys[p];
+      std::int64_t headroom = headroom_[s][p];
+      if (headroom < 0) invariant::broken(device, name + ": the device's headroom is negative");
+      for (const auto& [stream, shard] : shards) headroom += shard->stats.headroom[s][p];
+      const Stat& stat = (stats.*kFastStatFields[s])[p];
+      if (stat.current + headroom != stat.peak) {
+        invariant::broken(
+            device, name + fmt::format(": peak {} != current {} + headroom {}", stat.peak, stat.current, headroom));
+      }
+    }
+  }
 }
 
 }  // namespace streamalloc

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -101,6 +102,10 @@ TEST(FenceEngine, CaptureUsesAreDroppedOnlyAfterTheirCaptureEnds) {
   EXPECT_EQ(a->recorded_streams, (std::vector<Stream>{other, capturing}));
   EXPECT_TRUE(engine.has_capture_uses());
   EXPECT_EQ(engine.capture_uses().count(a), 1u);
+  EXPECT_NO_THROW(engine.validate());
+  a->recorded_streams = {other};
+  EXPECT_THROW(engine.validate(), std::logic_error) << "a capture use that is not among the block's uses";
+  a->recorded_streams = {other, capturing};
   parts.sim.set_capturing(0, capturing, false);
   engine.drop_ended_capture_uses();
   EXPECT_EQ(a->recorded_streams, std::vector<Stream>{other}) << "the use recorded outside a capture stays";

@@ -2,6 +2,7 @@
 // route whose filter accepts a stream wins, and refused operations change nothing.
 #include <gtest/gtest.h>
 
+#include <stdexcept>
 #include <vector>
 
 #include "block.hpp"
@@ -108,6 +109,17 @@ TEST(PoolSet, ASegmentAllocatorOnlyForAPoolWithoutSegmentsAndOomPoolsOnlyWhenAll
   pools.set_use_on_oom(kMemPool, true);
   EXPECT_EQ(pools.find_in_use_on_oom(find), &block);
   EXPECT_EQ(asked, (std::vector<PoolId>{kGraph, kMemPool}));
+}
+
+TEST(PoolSet, ValidateFindsARoutedPoolWithoutAUse) {
+  PoolSet pools(0, CrossStreamReuse::kSettled);
+  pools.open_route(kGraph, [](Stream) { return true; });
+  EXPECT_NO_THROW(pools.validate());
+  MemoryPool& graph = pools.private_pool(kGraph, "test");
+  --graph.use_count;
+  EXPECT_THROW(pools.validate(), std::logic_error) << "a routed pool without a use";
+  ++graph.use_count;
+  EXPECT_NO_THROW(pools.validate());
 }
 
 }  // namespace

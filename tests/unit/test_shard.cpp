@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -77,6 +78,28 @@ TEST(Shard, TheFastPathLeavesOtherUsesPrivatePoolsAndAFullListToTheDeviceLock) {
   EXPECT_FALSE(shard.free_to_hot(block->address, 0, parts.options, &parts.pool)) << "a hot list at its bounds";
   EXPECT_EQ(shard.live.find(block->address), block);
   while (shard.has_hot()) shard.remove_hot(shard.hot.oldest());
+  shard.erase_live(block);
+}
+
+TEST(Shard, ValidateCountsItsBlocksAndFindsABlockInTheWrongState) {
+  CacheParts parts;
+  Shard shard(parts.sim.create_stream(0));
+  Block* block = live_block(parts, shard, 0x200000);
+  Block* other = block->next;
+  other->in_shard = true;
+  shard.push_hot(other);
+  ShardTally tally;
+  shard.validate(0, true, tally);
+  EXPECT_EQ(tally.live, 1u);
+  EXPECT_EQ(tally.hot, 1u);
+  EXPECT_TRUE(tally.fence_refs.empty());
+  block->state = BlockState::kFree;
+  EXPECT_THROW(shard.validate(0, true, tally), std::logic_error) << "a free block in the live table";
+  block->state = BlockState::kAllocated;
+  shard.stats.headroom[kActive][0] = -1;
+  EXPECT_THROW(shard.validate(0, true, tally), std::logic_error) << "negative headroom";
+  shard.stats.headroom[kActive][0] = 0;
+  shard.remove_hot(other);
   shard.erase_live(block);
 }
 

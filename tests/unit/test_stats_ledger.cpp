@@ -3,6 +3,7 @@
 // what no headroom covers, and a shard's headroom spent before the device's.
 #include <gtest/gtest.h>
 
+#include <stdexcept>
 #include <vector>
 
 #include "block.hpp"
@@ -205,6 +206,20 @@ TEST(StatsLedger, WithShardsAddsEveryShardsPartAndTheResetsReachTheShards) {
   EXPECT_EQ(after.allocation[0].current, 5);
   EXPECT_EQ(after.allocation[0].allocated, 0);
   EXPECT_TRUE(parts.ledger.accumulated_reset());
+}
+
+TEST(StatsLedger, ValidateHoldsThePeakToTheCurrentAndEveryHeadroom) {
+  test::CacheParts parts;
+  const Stream a = parts.sim.create_stream(0);
+  test::DeviceCall call(parts.shards);
+  Shard& shard = parts.shards.get(a);
+  parts.ledger.fast_increase(kActive, SizeClass::kSmall, 8);
+  parts.ledger.fast_decrease(kActive, SizeClass::kSmall, 3, &shard.stats);  // the shard holds 3 under the peak
+  EXPECT_NO_THROW(parts.ledger.validate(0, parts.shards));
+  shard.stats.headroom[kActive][0] += 1;
+  EXPECT_THROW(parts.ledger.validate(0, parts.shards), std::logic_error) << "headroom that no peak covers";
+  shard.stats.headroom[kActive][0] -= 1;
+  EXPECT_NO_THROW(parts.ledger.validate(0, parts.shards));
 }
 
 }  // namespace
