@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "block.hpp"
+#include "cache_parts.hpp"
 #include "free_lists.hpp"
 
 namespace streamalloc {
@@ -12,42 +13,13 @@ namespace {
 constexpr Stream kA = 0x10;
 constexpr Stream kB = 0x20;
 
-// One segment tiled by free blocks of the given sizes; `owner[i]` 0 means settled.
+// One segment at 0x100000 tiled by free blocks of the given sizes; owner 0 means settled (last used by kA).
 struct Tiling {
-  Tiling(std::initializer_list<std::pair<std::size_t, Stream>> blocks) {
-    segment.address = 0x100000;
-    segment.size_class = SizeClass::kLarge;
-    std::uintptr_t address = segment.address;
-    Block* prev = nullptr;
-    for (const auto& [size, owner] : blocks) {
-      auto* b = new Block;
-      b->address = address;
-      b->size = size;
-      b->segment = &segment;
-      b->state = BlockState::kFree;
-      b->settled = owner == 0;
-      b->stream = owner == 0 ? kA : owner;
-      b->prev = prev;
-      if (prev) prev->next = b;
-      if (!segment.head) segment.head = b;
-      address += size;
-      segment.size += size;
-      prev = b;
-    }
-  }
-  ~Tiling() {
-    for (Block* b = segment.head; b != nullptr;) {
-      Block* next = b->next;
-      delete b;
-      b = next;
-    }
-  }
-  Block* at(int i) const {
-    Block* b = segment.head;
-    while (i-- > 0) b = b->next;
-    return b;
-  }
-  Segment segment;
+  explicit Tiling(std::initializer_list<std::pair<std::size_t, Stream>> blocks)
+      : segment(parts.tiled(SizeClass::kLarge, 0x100000, blocks, kA)) {}
+  Block* at(int i) const { return test::CacheParts::at(segment, i); }
+  test::CacheParts parts;
+  Segment& segment;
 };
 
 TEST(FreeLists, OwnedBlocksServeOnlyTheirStreamSettledBlocksServeAny) {
