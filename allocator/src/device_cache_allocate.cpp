@@ -65,19 +65,20 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
   if (block == nullptr) {
     // A miss: the hot blocks of the missing size class of this thread's other streams join the free
     // lists, and the fences are closed and polled (so that they settle); then, before the device is
-    // asked for more, the missing stream's own. A miss of one size keeps the stream's other sizes
-    // hot. Other threads' hot lists are flushed only when that does not serve, and for a small block
-    // only after a new 2 MiB segment: flushing a thread's hot list sends its next allocations to the
-    // device lock (docs/design.md, "The allocation path", step 2). A program that allocates from one
-    // thread flushes every hot list of the class before it grows.
+    // asked for more, the missing stream's own, oldest first, as many as it takes. A miss of one size
+    // keeps the stream's other sizes hot. Other threads' hot lists are flushed only when that does not
+    // serve, and for a small block only after a new 2 MiB segment: flushing a thread's hot list sends
+    // its next allocations to the device lock (docs/design.md, "The allocation path", step 2). A
+    // program that allocates from one thread flushes every hot list of the class before it grows.
     {
       const FenceEngine::HotReleases to_hot(fences_);
       fences_.close_batches_and_poll(&own, FenceEngine::HotLists::kThisThreadsOthers, kind);
     }
     if (Block* hot = take_hot_after_poll()) return hand_out_hot(own, hot, requested);
     block = free_.find(pool, kind, size, stream, expandable_.grows(pool));
-    if (block == nullptr && pools_.is_default(&pool)) {
-      free_.flush_hot(own, kind);  // its blocks are its own: they serve it unsettled
+    // The stream's own blocks serve it unsettled: its oldest of the class join the lists until the
+    // best fit finds a block, so that the sizes it used last stay hot.
+    while (block == nullptr && pools_.is_default(&pool) && free_.flush_hot_until(own, kind, size)) {
       block = free_.find(pool, kind, size, stream, expandable_.grows(pool));
     }
     if (block == nullptr && kind == SizeClass::kSmall) {

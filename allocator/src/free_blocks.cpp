@@ -29,9 +29,11 @@ Block* FreeBlocks::merge_neighbours(Block* block) {
   return block;
 }
 
-void FreeBlocks::enter(Block* block) {
+Block* FreeBlocks::enter(Block* block) {
   if (shards_.get(block->stream).fences.completed_seq() >= block->settle_seq) block->settled = true;
-  insert(merge_neighbours(block));
+  Block* merged = merge_neighbours(block);
+  insert(merged);
+  return merged;
 }
 
 // The owner stream's fence for each of these blocks has completed: no stream can still touch them.
@@ -95,6 +97,20 @@ void FreeBlocks::flush_hot(Shard& shard, std::optional<SizeClass> only) {
   if (flushed) count_flush(shard);
 }
 
+bool FreeBlocks::flush_hot_until(Shard& shard, SizeClass size_class, std::size_t size) {
+  bool flushed = false;
+  for (Block* block = shard.hot.oldest(); block != nullptr;) {
+    Block* newer = block->hot_newer;  // still hot: the merge below leaves it alone
+    if (block->segment->size_class == size_class) {
+      flushed = true;
+      if (leave_hot(shard, block)->size >= size) break;
+    }
+    block = newer;
+  }
+  if (flushed) count_flush(shard);
+  return flushed;
+}
+
 void FreeBlocks::trim_hot(Shard& shard) {
   if (!shard.hot.over()) return;
   count_flush(shard);
@@ -105,12 +121,12 @@ void FreeBlocks::trim_hot(Shard& shard) {
 
 // One block at a time: a block still marked hot is not merged, so no hot block is merged away (and
 // deleted) before its own turn.
-void FreeBlocks::leave_hot(Shard& shard, Block* block) {
+Block* FreeBlocks::leave_hot(Shard& shard, Block* block) {
   shard.remove_hot(block);
   block->hot = false;
   shards_.leave(block);
   ledger_.uncount_inactive_split(block);
-  enter(block);
+  return enter(block);
 }
 
 void FreeBlocks::count_flush(Shard& shard) {

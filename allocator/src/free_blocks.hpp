@@ -39,7 +39,8 @@ class FreeBlocks {
   // `block` is out of the lists; its mergeable free neighbours leave them and merge into it. Returns
   // the merged block (still out of the lists).
   Block* merge_neighbours(Block* block);
-  void enter(Block* block);  // settled if its owner's fence has completed, merged, into the lists
+  // Settled if its owner's fence has completed, merged, into the lists; returns the merged block.
+  Block* enter(Block* block);
   // `shard`'s owned free blocks whose fence has completed settle (and merge with settled neighbours).
   void settle_completed(Shard& shard);
   // Into the lists, unless an aid (`aids`, may be null) holds it back; the blocks the aid lets go of
@@ -51,6 +52,9 @@ class FreeBlocks {
   // flushes move hot blocks into the lists (`only`: the blocks of that size class alone)
   void make_hot(Shard& owner, Block* block);
   void flush_hot(Shard& shard, std::optional<SizeClass> only = std::nullopt);
+  // `shard`'s hot blocks of `size_class` join the lists oldest first, until one merges into a free
+  // block of at least `size` bytes; false when none was left to join. The newer ones stay hot.
+  bool flush_hot_until(Shard& shard, SizeClass size_class, std::size_t size);
   // A list past its bounds (a device-locked free made it so) keeps its newest blocks, within three
   // quarters of them, so that the next frees do not flush again at once.
   void trim_hot(Shard& shard);
@@ -77,7 +81,7 @@ class FreeBlocks {
 
  private:
   Block* best_fit_expandable_large(MemoryPool& pool, std::size_t size, Stream stream) const;
-  void leave_hot(Shard& shard, Block* block);  // out of the hot list, into the lists
+  Block* leave_hot(Shard& shard, Block* block);  // out of the hot list, into the lists; the merged block
   void count_flush(Shard& shard);
   void enter_after_hold(const std::vector<Block*>& released);
 

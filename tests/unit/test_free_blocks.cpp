@@ -140,6 +140,38 @@ TEST(FreeBlocks, FlushHotMovesTheHotBlocksOfAClassIntoTheLists) {
   free.remove(segment.head);
 }
 
+TEST(FreeBlocks, FlushHotUntilMovesTheOldestUntilOneMergesIntoAFit) {
+  CacheParts parts;
+  FreeBlocks free(parts.shards, parts.ledger, parts.options);
+  const Stream a = parts.sim.create_stream(0);
+  Segment& segment = parts.tiled(SizeClass::kSmall, 0x200000, {{4096, a}, {4096, a}, {4096, a}, {4096, a}});
+  CacheParts::at(segment, 3)->state = BlockState::kAllocated;  // keeps the segment split
+  DeviceCall call(parts.shards);
+  Shard& shard = parts.shards.get(a);
+  for (int i = 0; i < 3; ++i) {  // the first block is the oldest
+    Block* b = CacheParts::at(segment, i);
+    b->hot = true;
+    parts.shards.enter(b);
+    shard.hot.push(b);
+  }
+  shard.publish_hot();
+  Block* newest = shard.hot.newest();
+  EXPECT_FALSE(free.flush_hot_until(shard, SizeClass::kLarge, 4096)) << "no hot block of the large class";
+  EXPECT_EQ(shard.counts.hot_list_flushes, 0u);
+  EXPECT_TRUE(free.flush_hot_until(shard, SizeClass::kSmall, 8192));
+  EXPECT_EQ(shard.hot.size(), 1u) << "the two oldest merged into 8 KiB; the newest stays hot";
+  EXPECT_EQ(shard.hot.newest(), newest);
+  EXPECT_EQ(segment.head->size, 8192u);
+  EXPECT_TRUE(parts.pool.free.contains_settled(segment.head));
+  EXPECT_EQ(shard.counts.hot_list_flushes, 1u);
+  EXPECT_TRUE(free.flush_hot_until(shard, SizeClass::kSmall, MiB)) << "no fit, but a block moved";
+  EXPECT_TRUE(shard.hot.empty());
+  EXPECT_EQ(segment.head->size, 12288u);
+  EXPECT_FALSE(free.flush_hot_until(shard, SizeClass::kSmall, MiB)) << "nothing left to move";
+  EXPECT_EQ(shard.counts.hot_list_flushes, 2u);
+  free.remove(segment.head);
+}
+
 TEST(FreeBlocks, TrimHotKeepsTheNewestWithinThreeQuartersOfTheBounds) {
   CacheParts parts;
   FreeBlocks free(parts.shards, parts.ledger, parts.options);
