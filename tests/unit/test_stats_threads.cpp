@@ -200,6 +200,76 @@ TEST_F(StatsUnderThreads, PeakIsExactWhenThreadsPeakTogether) {
   for (const std::string& failure : failures) EXPECT_EQ(failure, "");
 }
 
+// The same with the sizes of a server's requests (b * 2 KiB and b * 8 KiB, b in 1..64), different in
+// every round and thread: each thread's largest holding comes in a round of its own, so the headroom
+// its fast paths need sits in other threads' shards and is gathered back and forth; the peaks must
+// still be the largest sums of a round, exactly.
+TEST_F(StatsUnderThreads, PeakIsExactWithVariedSizesAcrossThreads) {
+  constexpr int kRounds = 40;
+  // The sizes thread t holds in round r: one to five, each b * 2 KiB or b * 8 KiB (small pool: exact).
+  auto sizes_held = [](int t, int r) {
+    std::mt19937_64 rng(static_cast<std::uint64_t>(t * 1000 + r));
+    std::vector<std::size_t> sizes(1 + rng() % 5);
+    for (std::size_t& size : sizes) size = (1 + rng() % 64) * (rng() % 2 == 0 ? 2 * KiB : 8 * KiB);
+    return sizes;
+  };
+  std::vector<std::int64_t> peak_bytes(kRounds), peak_blocks(kRounds);
+  std::int64_t bytes_max = 0, blocks_max = 0;
+  for (int r = 0; r < kRounds; ++r) {
+    if (r == kRounds / 2) bytes_max = blocks_max = 0;  // reset_peak_stats runs before this round
+    std::int64_t bytes = 0, blocks = 0;
+    for (int t = 0; t < kThreads; ++t) {
+      for (const std::size_t size : sizes_held(t, r)) {
+        bytes += static_cast<std::int64_t>(size);
+        ++blocks;
+      }
+    }
+    bytes_max = std::max(bytes_max, bytes);
+    blocks_max = std::max(blocks_max, blocks);
+    peak_bytes[static_cast<std::size_t>(r)] = bytes_max;
+    peak_blocks[static_cast<std::size_t>(r)] = blocks_max;
+  }
+
+  Barrier sync(kThreads + 1);
+  std::vector<std::string> failures(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const Stream stream = streams_[static_cast<std::size_t>(t)];
+      for (int r = 0; r < kRounds; ++r) {
+        const std::vector<std::size_t> sizes = sizes_held(t, r);
+        std::vector<void*> held;
+        try {
+          for (const std::size_t size : sizes) held.push_back(allocator_->allocate(size, 0, stream));
+        } catch (const std::exception& e) {
+          failures[static_cast<std::size_t>(t)] = e.what();
+        }
+        sync.arrive_and_wait();  // every thread holds its blocks
+        for (std::size_t i = 0; i < held.size(); ++i) allocator_->deallocate(held[i], sizes[i], 0, stream);
+        sync.arrive_and_wait();  // every block is back; the main thread checks
+        sync.arrive_and_wait();  // the main thread is done
+      }
+    });
+  }
+  for (int r = 0; r < kRounds; ++r) {
+    SCOPED_TRACE("round " + std::to_string(r));
+    sync.arrive_and_wait();
+    sync.arrive_and_wait();
+    ASSERT_NO_THROW(allocator_->validate());
+    const DeviceStats stats = allocator_->stats(0);
+    EXPECT_EQ(stats.allocated_bytes[0].current, 0);
+    EXPECT_EQ(stats.allocated_bytes[0].peak, peak_bytes[static_cast<std::size_t>(r)]);
+    EXPECT_EQ(stats.allocated_bytes[1].peak, peak_bytes[static_cast<std::size_t>(r)]) << "the small pool's peak";
+    EXPECT_EQ(stats.requested_bytes[0].peak, peak_bytes[static_cast<std::size_t>(r)]);
+    EXPECT_EQ(stats.active_bytes[0].peak, peak_bytes[static_cast<std::size_t>(r)]);
+    EXPECT_EQ(stats.allocation[0].peak, peak_blocks[static_cast<std::size_t>(r)]);
+    if (r == kRounds / 2 - 1) allocator_->reset_peak_stats(0);
+    sync.arrive_and_wait();
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (const std::string& failure : failures) EXPECT_EQ(failure, "");
+}
+
 // One thread, many streams, random order: the device's peak of allocated bytes and blocks is the
 // recomputed running maximum after every call, whichever stream's fast path or the device-locked path
 // served it, while headroom moves between the streams (frees on one stream, allocations on another,
