@@ -53,6 +53,8 @@ struct PathCounts {
   std::int64_t device_lock_held_ns = 0;
   std::int64_t headroom_gathers = 0;
   std::int64_t hot_list_flushes = 0;
+  std::int64_t fences_recorded = 0;  // events recorded (under the device lock)
+  std::int64_t fences_polled = 0;    // event and stream queries
 };
 
 // One allocator under test. Calls may come from several threads at once (the threads scenario);

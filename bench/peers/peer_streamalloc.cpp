@@ -106,9 +106,10 @@ class StreamallocPeer final : public Peer {
 
   std::optional<PathCounts> path_counts() override {
     const DeviceStats s = allocator_->stats(0);
-    return PathCounts{s.allocations_cached,  s.allocations_device_locked, s.frees_cached,
-                      s.frees_device_locked, s.device_lock_acquisitions,  s.device_lock_wait_ns,
-                      s.device_lock_held_ns, s.headroom_gathers,          s.hot_list_flushes};
+    return PathCounts{
+        s.allocations_cached,       s.allocations_device_locked, s.frees_cached,        s.frees_device_locked,
+        s.device_lock_acquisitions, s.device_lock_wait_ns,       s.device_lock_held_ns, s.headroom_gathers,
+        s.hot_list_flushes,         s.fences_recorded,           s.fences_polled};
   }
 
  private:
@@ -187,9 +188,17 @@ class CabiPeer final : public Peer {
   std::optional<PathCounts> path_counts() override {
     const nlohmann::json c = stats()["stream_stats"];
     auto n = [&](const char* key) { return c[key].get<std::int64_t>(); };
-    return PathCounts{n("allocations_cached"),  n("allocations_device_locked"), n("frees_cached"),
-                      n("frees_device_locked"), n("device_lock_acquisitions"),  n("device_lock_wait_ns"),
-                      n("device_lock_held_ns"), n("headroom_gathers"),          n("hot_list_flushes")};
+    return PathCounts{n("allocations_cached"),
+                      n("allocations_device_locked"),
+                      n("frees_cached"),
+                      n("frees_device_locked"),
+                      n("device_lock_acquisitions"),
+                      n("device_lock_wait_ns"),
+                      n("device_lock_held_ns"),
+                      n("headroom_gathers"),
+                      n("hot_list_flushes"),
+                      n("fences_recorded"),
+                      n("fences_polled")};
   }
 
  private:

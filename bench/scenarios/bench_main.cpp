@@ -61,6 +61,8 @@ void report_path_counts(benchmark::State& state, Peer& peer, const std::optional
   state.counters["lock_held_ns"] = per_alloc(a.device_lock_held_ns, b.device_lock_held_ns);
   state.counters["headroom_gathers"] = 1000 * per_alloc(a.headroom_gathers, b.headroom_gathers);
   state.counters["hot_list_flushes"] = 1000 * per_alloc(a.hot_list_flushes, b.hot_list_flushes);
+  state.counters["fences_recorded"] = 1000 * per_alloc(a.fences_recorded, b.fences_recorded);
+  state.counters["fences_polled"] = 1000 * per_alloc(a.fences_polled, b.fences_polled);
 }
 
 namespace {

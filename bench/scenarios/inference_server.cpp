@@ -341,6 +341,8 @@ std::string path_counts_json(const std::optional<streamalloc::DeviceStats>& befo
   add("device_lock_held_ns", &streamalloc::DeviceStats::device_lock_held_ns);
   add("headroom_gathers", &streamalloc::DeviceStats::headroom_gathers);
   add("hot_list_flushes", &streamalloc::DeviceStats::hot_list_flushes);
+  add("fences_recorded", &streamalloc::DeviceStats::fences_recorded);
+  add("fences_polled", &streamalloc::DeviceStats::fences_polled);
   return out + "}";
 }
 

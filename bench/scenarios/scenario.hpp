@@ -41,7 +41,8 @@ void report_peaks(benchmark::State& state, Peer& peer);
 // Report which path the peer's calls took (where it counts them: streamalloc) as counters, given its
 // counts before the timed loop: cached_share (allocations served by the stream's shard alone, of all),
 // device_locks_per_alloc (device-lock acquisitions per allocation), lock_wait_ns and lock_held_ns
-// (device lock, per allocation), headroom_gathers and hot_list_flushes (per 1000 allocations).
+// (device lock, per allocation), headroom_gathers, hot_list_flushes, fences_recorded and
+// fences_polled (per 1000 allocations).
 void report_path_counts(benchmark::State& state, Peer& peer, const std::optional<PathCounts>& before);
 
 // Register `scenario/<peer id>` running `body(state, peer)` on a freshly opened peer. Failures (the

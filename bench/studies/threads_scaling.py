@@ -26,7 +26,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH_PEERS = ["streamalloc", "torch_native", "cudaMallocAsync", "rmm_arena"]
 COUNTERS = ["cached_share", "device_locks_per_alloc", "lock_wait_ns", "lock_held_ns", "headroom_gathers",
-            "hot_list_flushes"]
+            "hot_list_flushes", "fences_recorded", "fences_polled"]
 
 
 def parse_args(argv):
@@ -126,7 +126,8 @@ def threads_markdown(data, thread_list):
             out.append(f"| {t} | " + " | ".join(cells) + " |")
         sa = [(d, t) for (s, p, d, t) in rows if s == scenario and p == "streamalloc"]
         if sa:
-            out += ["", f"streamalloc's path counts ({scenario}; per allocation, flushes and gathers per 1000):", "",
+            out += ["", f"streamalloc's path counts ({scenario}; per allocation; gathers, flushes and fences "
+                    "per 1000):", "",
                     "| threads | " + " | ".join(COUNTERS) + " |", "|---:|" + "---:|" * len(COUNTERS)]
             for d, t in sorted(sa, key=lambda x: x[1]):
                 r = rows[(scenario, "streamalloc", d, t)]
@@ -149,7 +150,7 @@ def server_counts(path):
         return ""
     out = ["", "streamalloc's path counts in the server (small_mlp; medians over the rounds):", "",
            "| threads | cached share | device locks / alloc | lock wait ns / alloc | lock held ns / alloc | "
-           "headroom gathers | hot-list flushes |", "|---:|---:|---:|---:|---:|---:|---:|"]
+           "headroom gathers | hot-list flushes | fences recorded |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for t in sorted(by_t):
         def med(key, runs=by_t[t]):
             return statistics.median(r[key] for r in runs)
@@ -157,7 +158,8 @@ def server_counts(path):
         per = (lambda x: x / allocs) if allocs else (lambda x: float("nan"))
         out.append(f"| {t} | {per(med('allocations_cached')):.3f} | {per(med('device_lock_acquisitions')):.3f} | "
                    f"{per(med('device_lock_wait_ns')):.0f} | {per(med('device_lock_held_ns')):.0f} | "
-                   f"{med('headroom_gathers'):.0f} | {med('hot_list_flushes'):.0f} |")
+                   f"{med('headroom_gathers'):.0f} | {med('hot_list_flushes'):.0f} | "
+                   f"{med('fences_recorded') if 'fences_recorded' in by_t[t][0] else float('nan'):.0f} |")
     return "\n".join(out) + "\n"
 
 
