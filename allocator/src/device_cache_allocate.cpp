@@ -76,6 +76,11 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
     }
     if (Block* hot = take_hot_after_poll()) return hand_out_hot(own, hot, requested);
     block = free_.find(pool, kind, size, stream, expandable_.grows(pool));
+    // Up to hot_list_mb of the stream's hot blocks stay hot through a small miss: a new segment first.
+    if (block == nullptr && kind == SizeClass::kSmall && own.hot.bytes() < options_.hot_list_bytes &&
+        pools_.is_default(&pool) && !expandable_.grows(pool)) {
+      block = reserve_segment(pool, kind, size, stream);
+    }
     // The stream's own blocks serve it unsettled: its oldest of the class join the lists until the
     // best fit finds a block, so that the sizes it used last stay hot.
     while (block == nullptr && pools_.is_default(&pool) && free_.flush_hot_until(own, kind, size)) {

@@ -244,6 +244,12 @@ const OptionSpec kOptionTable[] = {
        return true;
      },
      [](const Options& o) -> std::string { return o.expandable_segments ? "true" : "false"; }},
+    {"hot_list_mb",
+     "a small miss takes a new segment rather than merge back the stream's hot blocks while its hot list holds "
+     "less than this many MB (0 = never)",
+     [] { return std::string("an unsigned integer (MB)"); },
+     [](Options& o, std::string_view v) { return parse_mb(v, &o.hot_list_bytes); },
+     [](const Options& o) { return mb_string(o.hot_list_bytes); }},
 };
 
 // Settings of the simulated device: the same syntax sets them (tests, tools and benchmarks run on it),

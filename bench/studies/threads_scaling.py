@@ -12,7 +12,7 @@ varied-size threads scenarios, JSON and markdown into one folder (`make bench-th
      repetitions interleaved, medians; streamalloc's path counts per row.
 
   python3 bench/studies/threads_scaling.py OUT_DIR [--build build] [--threads 1,2,4,8,16] [--rounds 3]
-      [--quick]
+      [--quick] [--conf K:V,...]
 Writes OUT_DIR/server.json, server.md, threads.json, threads.md and README.md (both tables).
 """
 import argparse
@@ -36,6 +36,7 @@ def parse_args(argv):
     p.add_argument("--threads", default="1,2,4,8,16")
     p.add_argument("--rounds", type=int, default=3, help="server processes per allocator, interleaved (default 3)")
     p.add_argument("--quick", action="store_true", help="shorter windows (a check that everything runs)")
+    p.add_argument("--conf", default="", help="streamalloc's options for every run (STREAMALLOC_CONF syntax)")
     return p.parse_args(argv)
 
 
@@ -54,6 +55,8 @@ def server(args):
     cmd = [sys.executable, os.path.join(ROOT, "bench", "studies", "inference_server.py"), "--build", args.build,
            "--models", "small_mlp", "--threads", args.threads, "--rounds", str(args.rounds), "--reps", "1",
            "--duration", duration, "--warmup", warmup, "--json", json_path, "--markdown", md_path]
+    if args.conf:
+        cmd.append(f"--conf={args.conf}")
     status = run(cmd)
     if not os.path.exists(md_path):
         return f"Inference server: did not run (exit status {status}; no GPU?).\n"
@@ -78,6 +81,8 @@ def threads_bench(args):
            "--benchmark_repetitions=3", "--benchmark_enable_random_interleaving=true",
            "--benchmark_report_aggregates_only=true", f"--min_time={0.05 if args.quick else 0.2}",
            f"--benchmark_out={json_path}", "--benchmark_out_format=json"]
+    if args.conf:
+        cmd.append(f"--conf={args.conf}")
     if run(cmd) != 0:
         sys.exit("threads_scaling.py: streamalloc_bench failed")
     with open(json_path) as f:

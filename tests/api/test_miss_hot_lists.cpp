@@ -101,5 +101,31 @@ TEST_F(MissHotLists, ALargeMissTakesAnotherThreadsHotBlocksBeforeGrowing) {
   ASSERT_NO_THROW(a().validate());
 }
 
+// hot_list_mb: while the stream's hot list holds less, a small miss takes a new segment and the hot
+// blocks stay; from that much on, they merge back first, as without the option.
+TEST_F(MissHotLists, UnderHotListMbASmallMissKeepsTheStreamsHotBlocks) {
+  for (const int mb : {3, 2}) {
+    SCOPED_TRACE("hot_list_mb:" + std::to_string(mb));
+    setup_ = std::make_unique<testing::SimSetup>("backend:sim,log_level:error,hot_list_mb:" + std::to_string(mb),
+                                                 SimBackend::Mode::kEager, 256 * MiB);
+    a_ = setup_->sim->create_stream(0);
+    std::vector<void*> hot;
+    for (int i = 0; i < 4; ++i) hot.push_back(a().allocate(512 * KiB, 0, a_));  // one 2 MiB segment
+    for (void* p : hot) a().deallocate(p, 512 * KiB, 0, a_);
+    ASSERT_EQ(reserved(), 2 * MiB);
+    void* other_size = a().allocate(600 * KiB, 0, a_);  // no hot block of this size, 2 MiB hot
+    void* again = a().allocate(512 * KiB, 0, a_);
+    if (mb == 3) {
+      EXPECT_EQ(reserved(), 4 * MiB) << "a new segment";
+      EXPECT_EQ(again, hot[3]) << "the hot blocks stayed: the newest serves";
+    } else {
+      EXPECT_EQ(reserved(), 2 * MiB) << "the oldest hot blocks merged back before the cache grew";
+    }
+    a().deallocate(again, 512 * KiB, 0, a_);
+    a().deallocate(other_size, 600 * KiB, 0, a_);
+    ASSERT_NO_THROW(a().validate());
+  }
+}
+
 }  // namespace
 }  // namespace streamalloc

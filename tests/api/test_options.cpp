@@ -42,6 +42,7 @@ void expect_same(const Options& a, const Options& b) {
   EXPECT_EQ(a.check_sync, b.check_sync);
   EXPECT_EQ(a.pending_history, b.pending_history);
   EXPECT_EQ(a.expandable_segments, b.expandable_segments);
+  EXPECT_EQ(a.hot_list_bytes, b.hot_list_bytes);
   EXPECT_EQ(a.sim_memory_bytes, b.sim_memory_bytes);
   EXPECT_EQ(a.sim_devices, b.sim_devices);
 }
@@ -127,6 +128,8 @@ const GoodCase kGoodCases[] = {
     {"expandable_segments", "false", [](const Options& o) { return !o.expandable_segments; }},
     {"expandable_segments", "False", [](const Options& o) { return !o.expandable_segments; }},
     {"expandable_segments", "0", [](const Options& o) { return !o.expandable_segments; }},
+    {"hot_list_mb", "0", [](const Options& o) { return o.hot_list_bytes == 0; }},
+    {"hot_list_mb", "32", [](const Options& o) { return o.hot_list_bytes == 32 * MiB; }},
     {"sim_memory_mb", "1", [](const Options& o) { return o.sim_memory_bytes == 1 * MiB; }},
     {"sim_memory_mb", "81920", [](const Options& o) { return o.sim_memory_bytes == 80 * GiB; }},
     {"sim_devices", "1", [](const Options& o) { return o.sim_devices == 1; }},
@@ -204,6 +207,8 @@ const BadCase kBadCases[] = {
     {"pending_history", "-1", "an unsigned integer <= 16777216"},
     {"expandable_segments", "TRUE", "true|false|True|False|1|0"},
     {"expandable_segments", "yes", "true|false|True|False|1|0"},
+    {"hot_list_mb", "-1", "an unsigned integer (MB)"},
+    {"hot_list_mb", "lots", "an unsigned integer (MB)"},
     {"sim_memory_mb", "0", "an integer >= 1 (MB)"},
     {"sim_devices", "0", "an integer from 1 to 16"},
     {"sim_devices", "17", "an integer from 1 to 16"},
@@ -231,11 +236,11 @@ std::vector<std::string> key_names(OptionGroup group) {
 }
 
 TEST(OptionsTable, KeysAreTheDocumentedOnesInOrder) {
-  EXPECT_EQ(
-      key_names(OptionGroup::kUser),
-      (std::vector<std::string>{"backend", "cross_stream_reuse", "max_split_size_mb", "roundup_power2_divisions",
-                                "memory_fraction", "log_level", "audit", "audit_file", "pending_warn_ms", "poison",
-                                "quarantine_mb", "check_sync", "pending_history", "expandable_segments"}));
+  EXPECT_EQ(key_names(OptionGroup::kUser),
+            (std::vector<std::string>{"backend", "cross_stream_reuse", "max_split_size_mb", "roundup_power2_divisions",
+                                      "memory_fraction", "log_level", "audit", "audit_file", "pending_warn_ms",
+                                      "poison", "quarantine_mb", "check_sync", "pending_history", "expandable_segments",
+                                      "hot_list_mb"}));
   EXPECT_EQ(Options::keys(), Options::keys(OptionGroup::kUser)) << "the user options are the default group";
 }
 
@@ -425,7 +430,8 @@ TEST(OptionsOutput, ToConfStringRoundTrips) {
   const Options custom = Options::parse(
       "backend:sim,cross_stream_reuse:never,max_split_size_mb:300,roundup_power2_divisions:16,"
       "memory_fraction:0.123456789012345,log_level:debug,audit:trace,audit_file:/var/log/a:b,"
-      "pending_warn_ms:7,poison:alloc,quarantine_mb:3,check_sync:true,sim_memory_mb:96,sim_devices:5");
+      "pending_warn_ms:7,poison:alloc,quarantine_mb:3,check_sync:true,hot_list_mb:24,sim_memory_mb:96,"
+      "sim_devices:5");
   const std::string conf = custom.to_conf_string();
   expect_same(Options::parse(conf), custom);
   EXPECT_NE(conf.find("memory_fraction:0.123456789012345"), std::string::npos) << conf;

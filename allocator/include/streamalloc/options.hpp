@@ -62,6 +62,10 @@ struct Options {
   // expandable_segments:True (docs/design.md, "Expandable segments"); fixed segments where the backend
   // has no virtual memory.
   bool expandable_segments = false;
+  // While a stream's hot list holds less than this, a small miss takes a new segment rather than merge
+  // the stream's own hot blocks back into the free lists (docs/design.md, "The allocation path",
+  // step 2): more memory reserved, for sizes that vary more than the cached memory holds. 0 = never.
+  std::size_t hot_list_bytes = 0;
   // Simulated device (backend:sim) only: OptionGroup::kSimulator.
   std::size_t sim_memory_bytes = 4ull << 30;
   int sim_devices = 1;
