@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <cstdint>
 #include <random>
@@ -86,6 +87,8 @@ class StatsUnderThreads : public ::testing::Test {
     return done;
   }
 
+  void check_peaks_in_rounds(int rounds, const std::function<std::vector<std::size_t>(int, int)>& sizes_held);
+
   // The simulated device in eager mode (work runs as it is enqueued), room for every thread's blocks.
   testing::SimSetup setup_{"backend:sim,log_level:error", SimBackend::Mode::kEager, 4 * GiB};
   const std::shared_ptr<SimBackend>& sim_ = setup_.sim;
@@ -140,83 +143,17 @@ TEST_F(StatsUnderThreads, AccumulatedTotalsAreExactOnceTheThreadsStop) {
   EXPECT_EQ(last.allocation[0].allocated, static_cast<std::int64_t>(kThreads) * kPairs);
 }
 
-// Peaks: threads on their own streams hold blocks in rounds that line up at a barrier, each round a
-// different number per thread, so the aggregate's largest value is known: the largest sum of a round.
-// After the first rounds the hot lists serve every allocation, so the fast paths spend and return the
-// headroom among themselves; the peak must still be that sum exactly (a sum of per-stream peaks would
-// be larger), and restart from the current value after reset_peak_stats.
-TEST_F(StatsUnderThreads, PeakIsExactWhenThreadsPeakTogether) {
-  constexpr int kRounds = 24;
-  constexpr std::size_t kBlock = 64 * KiB;  // small pool: blocks are exactly this size
-  // Blocks held by thread t in round r: at most the hot list's 8, so later rounds run on the fast path.
-  auto held_by = [](int t, int r) { return static_cast<std::size_t>(1 + (t * 3 + r * 5) % 8); };
-  std::vector<std::int64_t> expected_peak(kRounds);  // after round r, from the last reset
-  std::int64_t peak = 0;
-  for (int r = 0; r < kRounds; ++r) {
-    if (r == kRounds / 2) peak = 0;  // reset_peak_stats runs before this round, with nothing live
-    std::int64_t sum = 0;
-    for (int t = 0; t < kThreads; ++t) sum += static_cast<std::int64_t>(held_by(t, r) * kBlock);
-    peak = std::max(peak, sum);
-    expected_peak[static_cast<std::size_t>(r)] = peak;
-  }
-
-  Barrier sync(kThreads + 1);
-  std::vector<std::string> failures(kThreads);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      const Stream stream = streams_[static_cast<std::size_t>(t)];
-      for (int r = 0; r < kRounds; ++r) {
-        std::vector<void*> held;
-        try {
-          for (std::size_t i = 0; i < held_by(t, r); ++i) held.push_back(allocator_->allocate(kBlock, 0, stream));
-        } catch (const std::exception& e) {
-          failures[static_cast<std::size_t>(t)] = e.what();
-        }
-        sync.arrive_and_wait();  // every thread holds its blocks
-        for (void* ptr : held) allocator_->deallocate(ptr, kBlock, 0, stream);
-        sync.arrive_and_wait();  // every block is back; the main thread checks
-        sync.arrive_and_wait();  // the main thread is done
-      }
-    });
-  }
-  for (int r = 0; r < kRounds; ++r) {
-    SCOPED_TRACE("round " + std::to_string(r));
-    sync.arrive_and_wait();
-    sync.arrive_and_wait();
-    ASSERT_NO_THROW(allocator_->validate());
-    const DeviceStats stats = allocator_->stats(0);
-    const std::int64_t peak_bytes = expected_peak[static_cast<std::size_t>(r)];
-    EXPECT_EQ(stats.allocated_bytes[0].current, 0);
-    EXPECT_EQ(stats.allocated_bytes[0].peak, peak_bytes);
-    EXPECT_EQ(stats.allocated_bytes[1].peak, peak_bytes) << "the small pool's peak";
-    EXPECT_EQ(stats.active_bytes[0].peak, peak_bytes);
-    EXPECT_EQ(stats.allocation[0].peak, peak_bytes / static_cast<std::int64_t>(kBlock));
-    EXPECT_EQ(stats.requested_bytes[0].peak, peak_bytes);
-    if (r == kRounds / 2 - 1) allocator_->reset_peak_stats(0);
-    sync.arrive_and_wait();
-  }
-  for (std::thread& thread : threads) thread.join();
-  for (const std::string& failure : failures) EXPECT_EQ(failure, "");
-}
-
-// The same with the sizes of a server's requests (b * 2 KiB and b * 8 KiB, b in 1..64), different in
-// every round and thread: each thread's largest holding comes in a round of its own, so the headroom
-// its fast paths need sits in other threads' shards and is gathered back and forth; the peaks must
-// still be the largest sums of a round, exactly.
-TEST_F(StatsUnderThreads, PeakIsExactWithVariedSizesAcrossThreads) {
-  constexpr int kRounds = 40;
-  // The sizes thread t holds in round r: one to five, each b * 2 KiB or b * 8 KiB (small pool: exact).
-  auto sizes_held = [](int t, int r) {
-    std::mt19937_64 rng(static_cast<std::uint64_t>(t * 1000 + r));
-    std::vector<std::size_t> sizes(1 + rng() % 5);
-    for (std::size_t& size : sizes) size = (1 + rng() % 64) * (rng() % 2 == 0 ? 2 * KiB : 8 * KiB);
-    return sizes;
-  };
-  std::vector<std::int64_t> peak_bytes(kRounds), peak_blocks(kRounds);
+// Peaks: threads on their own streams hold the blocks `sizes_held(t, r)` in rounds that line up at a
+// barrier, so the aggregate's largest value is known: the largest sum of a round. The fast paths spend
+// and return the headroom among themselves; each peak must still be that sum exactly (a sum of
+// per-stream peaks would be larger), and restart from the current value after reset_peak_stats, which
+// runs with nothing live before round rounds / 2.
+void StatsUnderThreads::check_peaks_in_rounds(int rounds,
+                                              const std::function<std::vector<std::size_t>(int, int)>& sizes_held) {
+  std::vector<std::int64_t> peak_bytes(static_cast<std::size_t>(rounds)), peak_blocks(static_cast<std::size_t>(rounds));
   std::int64_t bytes_max = 0, blocks_max = 0;
-  for (int r = 0; r < kRounds; ++r) {
-    if (r == kRounds / 2) bytes_max = blocks_max = 0;  // reset_peak_stats runs before this round
+  for (int r = 0; r < rounds; ++r) {
+    if (r == rounds / 2) bytes_max = blocks_max = 0;
     std::int64_t bytes = 0, blocks = 0;
     for (int t = 0; t < kThreads; ++t) {
       for (const std::size_t size : sizes_held(t, r)) {
@@ -236,7 +173,7 @@ TEST_F(StatsUnderThreads, PeakIsExactWithVariedSizesAcrossThreads) {
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       const Stream stream = streams_[static_cast<std::size_t>(t)];
-      for (int r = 0; r < kRounds; ++r) {
+      for (int r = 0; r < rounds; ++r) {
         const std::vector<std::size_t> sizes = sizes_held(t, r);
         std::vector<void*> held;
         try {
@@ -251,23 +188,45 @@ TEST_F(StatsUnderThreads, PeakIsExactWithVariedSizesAcrossThreads) {
       }
     });
   }
-  for (int r = 0; r < kRounds; ++r) {
+  for (int r = 0; r < rounds; ++r) {
     SCOPED_TRACE("round " + std::to_string(r));
     sync.arrive_and_wait();
     sync.arrive_and_wait();
     ASSERT_NO_THROW(allocator_->validate());
     const DeviceStats stats = allocator_->stats(0);
+    const std::int64_t bytes = peak_bytes[static_cast<std::size_t>(r)];
     EXPECT_EQ(stats.allocated_bytes[0].current, 0);
-    EXPECT_EQ(stats.allocated_bytes[0].peak, peak_bytes[static_cast<std::size_t>(r)]);
-    EXPECT_EQ(stats.allocated_bytes[1].peak, peak_bytes[static_cast<std::size_t>(r)]) << "the small pool's peak";
-    EXPECT_EQ(stats.requested_bytes[0].peak, peak_bytes[static_cast<std::size_t>(r)]);
-    EXPECT_EQ(stats.active_bytes[0].peak, peak_bytes[static_cast<std::size_t>(r)]);
+    EXPECT_EQ(stats.allocated_bytes[0].peak, bytes);
+    EXPECT_EQ(stats.allocated_bytes[1].peak, bytes) << "the small pool's peak";
+    EXPECT_EQ(stats.requested_bytes[0].peak, bytes);
+    EXPECT_EQ(stats.active_bytes[0].peak, bytes);
     EXPECT_EQ(stats.allocation[0].peak, peak_blocks[static_cast<std::size_t>(r)]);
-    if (r == kRounds / 2 - 1) allocator_->reset_peak_stats(0);
+    if (r == rounds / 2 - 1) allocator_->reset_peak_stats(0);
     sync.arrive_and_wait();
   }
   for (std::thread& thread : threads) thread.join();
   for (const std::string& failure : failures) EXPECT_EQ(failure, "");
+}
+
+// Each thread holds a different number of blocks of one size in every round, at most the hot list's 8,
+// so after the first rounds the hot lists serve every allocation.
+TEST_F(StatsUnderThreads, PeakIsExactWhenThreadsPeakTogether) {
+  static constexpr std::size_t kBlock = 64 * KiB;  // small pool: blocks are exactly this size
+  check_peaks_in_rounds(24, [](int t, int r) {
+    return std::vector<std::size_t>(static_cast<std::size_t>(1 + (t * 3 + r * 5) % 8), kBlock);
+  });
+}
+
+// The sizes of a server's requests (b * 2 KiB and b * 8 KiB, b in 1..64), one to five, different in
+// every round and thread: each thread's largest holding comes in a round of its own, so the headroom
+// its fast paths need sits in other threads' shards and is gathered back and forth.
+TEST_F(StatsUnderThreads, PeakIsExactWithVariedSizesAcrossThreads) {
+  check_peaks_in_rounds(40, [](int t, int r) {
+    std::mt19937_64 rng(static_cast<std::uint64_t>(t * 1000 + r));
+    std::vector<std::size_t> sizes(1 + rng() % 5);
+    for (std::size_t& size : sizes) size = (1 + rng() % 64) * (rng() % 2 == 0 ? 2 * KiB : 8 * KiB);
+    return sizes;
+  });
 }
 
 // One thread, many streams, random order: the device's peak of allocated bytes and blocks is the
