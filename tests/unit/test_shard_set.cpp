@@ -22,6 +22,20 @@ class Call {
   std::unique_lock<std::mutex> lock_;
 };
 
+// One allocated 512-byte block of `stream` at 0x200000, alone in its segment.
+struct AllocatedBlock {
+  explicit AllocatedBlock(Stream stream) {
+    block.segment = &segment;
+    segment.head = &block;
+    block.address = 0x200000;
+    block.size = 512;
+    block.stream = stream;
+    block.state = BlockState::kAllocated;
+  }
+  Segment segment;
+  Block block;
+};
+
 SimBackend::Config two_devices() {
   SimBackend::Config config;
   config.device_count = 2;
@@ -62,14 +76,8 @@ TEST(ShardSet, TheIndexOfShardBlocksFindsLiveBlocksOnly) {
   SimBackend sim;
   ShardSet set(sim, 0);
   const Stream s = sim.create_stream(0);
-  Segment segment;
-  Block block;
-  block.segment = &segment;
-  segment.head = &block;
-  block.address = 0x200000;
-  block.size = 512;
-  block.stream = s;
-  block.state = BlockState::kAllocated;
+  AllocatedBlock allocated(s);
+  Block& block = allocated.block;
   Call call(set);
   Shard& shard = set.get(s);
   shard.live.insert(block.address, &block);
@@ -102,14 +110,8 @@ TEST(ShardSet, GatherHeadroomTakesWhatIsMissingFromBusyShardsAndAllFromIdleOnes)
   const Stream busy = sim.create_stream(0);
   Call call(set);
   ASSERT_LT(idle, busy) << "asked in stream order";
-  Segment segment;
-  Block block;
-  block.segment = &segment;
-  segment.head = &block;
-  block.address = 0x200000;
-  block.size = 512;
-  block.stream = busy;
-  block.state = BlockState::kAllocated;
+  AllocatedBlock allocated(busy);
+  Block& block = allocated.block;
   set.get(busy).live.insert(block.address, &block);
   for (Stream s : {idle, busy}) set.get(s).stats.headroom[kAllocation][0] = 5;
   std::int64_t device = 0;
