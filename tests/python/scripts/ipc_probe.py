@@ -124,8 +124,11 @@ def main() -> None:
         tensor = torch.ones(1 << 22, device="cuda")
         start = time.monotonic()
         try:
-            torch.multiprocessing.reductions.reduce_tensor(tensor)
-            return {"shared": True, "seconds": time.monotonic() - start}
+            _, args = torch.multiprocessing.reductions.reduce_tensor(tensor)
+            seconds = time.monotonic() - start
+            handle = args[7]  # the storage's handle: a version byte, then 'c' (cudaMalloc) or 'e' (expandable)
+            kind = chr(handle[1]) if isinstance(handle, bytes) and len(handle) >= 2 else None
+            return {"shared": True, "seconds": seconds, "handle_type": kind}
         except Exception as error:  # noqa: BLE001
             return {"shared": False, "seconds": time.monotonic() - start, "type": type(error).__name__,
                     "message": str(error)[:600]}
