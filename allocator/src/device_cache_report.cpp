@@ -2,8 +2,6 @@
 // reports themselves are CacheReport's (cache_report.cpp).
 #include <spdlog/fmt/fmt.h>
 
-#include <utility>
-
 #include "device_cache.hpp"
 
 namespace streamalloc {
@@ -32,37 +30,14 @@ void* DeviceCache::segment_base(const void* ptr, std::size_t* size) const {
   const Segment* segment = segments_.containing(reinterpret_cast<std::uintptr_t>(ptr));
   if (segment == nullptr) return nullptr;
   if (segment->expandable()) {
-    // The base serves sharing one allocation with another process (CUDA IPC); an expandable segment is
-    // many (its pieces), which share_pieces describes.
+    // The base serves sharing memory with another process (CUDA IPC), which mapped pages do not support.
     throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("streamalloc: {} is in an expandable segment, which is not one allocation with a base; "
-                            "share_pieces gives the pieces of memory under a live block of it.",
+                fmt::format("streamalloc: {} is in an expandable segment, whose memory cannot be shared between "
+                            "processes; use expandable_segments:false for memory you share.",
                             ptr));
   }
   if (size) *size = segment->size;
   return reinterpret_cast<void*>(segment->address);
-}
-
-// Under the device lock, so the block cannot be freed and its pieces cannot be unmapped meanwhile; a
-// live block's pieces are never unmapped (trim unmaps whole pieces inside free blocks only).
-bool DeviceCache::share_pieces(const void* ptr, SharedPieces* out) {
-  DeviceLock lock(*this);
-  const Block* block = shards_.find_live(reinterpret_cast<std::uintptr_t>(ptr));
-  if (block == nullptr) return false;
-  SharedPieces shared;
-  const Segment* segment = block->segment;
-  if (segment->expandable()) {
-    segment->pieces.for_each_holding(block->address, block->address + block->size,
-                                     [&](std::uintptr_t address, std::size_t bytes) {
-                                       shared.pieces.push_back({address, bytes, -1});
-                                     });
-    for (SharedPieces::Piece& piece : shared.pieces) {
-      piece.fd = backend_.export_piece(device_, reinterpret_cast<void*>(piece.address));
-    }
-    shared.offset = block->address - shared.pieces.front().address;
-  }
-  *out = std::move(shared);
-  return true;
 }
 
 PendingHistory DeviceCache::pending_history() const {

@@ -62,10 +62,32 @@ Segment* SegmentSource::reserve(SizeClass pool, MemoryPool* owner, std::size_t b
 }
 
 bool SegmentSource::map_pieces(std::uintptr_t at, std::size_t bytes, std::size_t piece_bytes, SegmentPieces* pieces) {
-  // All or nothing (Backend::map_pieces): what a refused or failed call mapped is taken back without a
-  // device sync, so this works while a stream captures, as the maps themselves do.
-  if (!backend_.map_pieces(device_, reinterpret_cast<void*>(at), bytes, piece_bytes)) return false;
-  for (std::size_t offset = 0; offset < bytes; offset += piece_bytes) pieces->add(at + offset, piece_bytes);
+  std::size_t mapped = 0;
+  // Takes back what this call mapped. Fresh memory no work has used: no device sync, so this works
+  // while a stream captures, as the maps themselves do.
+  auto undo = [&] {
+    if (mapped > 0) backend_.unmap_unused_pages(device_, reinterpret_cast<void*>(at), mapped);
+  };
+  try {
+    while (mapped < bytes) {
+      const std::size_t piece = std::min(piece_bytes, bytes - mapped);
+      if (!backend_.map_pages(device_, reinterpret_cast<void*>(at + mapped), piece)) {
+        undo();
+        return false;
+      }
+      mapped += piece;
+    }
+  } catch (...) {
+    try {
+      undo();
+    } catch (const Error& e) {  // keep the first error; the memory stays mapped, unaccounted
+      log().warn("device {}: {} bytes of a failed growth stay mapped: {}", device_, mapped, without_prefix(e.what()));
+    }
+    throw;
+  }
+  for (std::size_t offset = 0; offset < bytes; offset += piece_bytes) {
+    pieces->add(at + offset, std::min(piece_bytes, bytes - offset));
+  }
   return true;
 }
 

@@ -18,8 +18,8 @@
 namespace streamalloc::testing {
 namespace {
 
-// A growth maps a piece per page: a growth that the device fills part way (some pieces mapped, the next
-// refused) takes back what it mapped before the OOM path runs, and so does one whose next map fails with an
+// Near the cap, where a growth maps pieces: a growth that the device fills part way (some pieces mapped,
+// the next refused) takes back what it mapped before the OOM path runs, and so does one whose next map fails with an
 // error; neither leaves a byte mapped nor a range reserved. While another stream captures a graph the take-back needs
 // no device sync, so the capture is not disturbed.
 TEST(Expandable, OutOfMemoryPartWayThroughAGrowthLeavesNothingMapped) {
@@ -41,8 +41,8 @@ TEST(Expandable, OutOfMemoryPartWayThroughAGrowthLeavesNothingMapped) {
   void* elsewhere = sim->reserve(0, 40 * MiB);
   ASSERT_NE(elsewhere, nullptr);
   const SimBackend::Counters before = sim->counters();
-  // 100 MiB on a new segment of a: 44 pages map (88 MiB), the 45th does not fit. Twice: the OOM path has
-  // nothing to give back.
+  // 100 MiB on a new segment of a: four pieces of 20 MiB map, the fifth does not fit. Twice: the OOM
+  // path has nothing to give back.
   try {
     allocator.allocate(100 * MiB, 0, a);
     ADD_FAILURE() << "expected an out-of-memory error";
@@ -51,8 +51,8 @@ TEST(Expandable, OutOfMemoryPartWayThroughAGrowthLeavesNothingMapped) {
   }
   consistent();
   SimBackend::Counters after = sim->counters();
-  EXPECT_EQ(after.physical_allocations_created - before.physical_allocations_created, 2 * 44u);
-  EXPECT_EQ(after.physical_allocations_released - before.physical_allocations_released, 2 * 44u);
+  EXPECT_EQ(after.physical_allocations_created - before.physical_allocations_created, 8u);
+  EXPECT_EQ(after.physical_allocations_released - before.physical_allocations_released, 8u);
   EXPECT_EQ(after.unused_page_unmaps - before.unused_page_unmaps, 2u);
   EXPECT_EQ(sim->mapped_bytes(0), 0u);
   EXPECT_EQ(sim->mappings(0), 0u);
@@ -71,7 +71,7 @@ TEST(Expandable, OutOfMemoryPartWayThroughAGrowthLeavesNothingMapped) {
   // A device error on the third piece of a growth: the two before it go back, the error is the caller's.
   after = sim->counters();
   faults->fail(VmOp::kMapPages, 3);
-  EXPECT_THROW(allocator.allocate(62 * MiB, 0, a), Error);  // 31 pieces, the third fails
+  EXPECT_THROW(allocator.allocate(62 * MiB, 0, a), Error);  // 4 + 62 MiB pass half the 128 MiB: pieces
   consistent();
   EXPECT_EQ(sim->counters().physical_allocations_created - after.physical_allocations_created, 2u);
   EXPECT_EQ(sim->mapped_bytes(0), 4 * MiB);
@@ -80,7 +80,7 @@ TEST(Expandable, OutOfMemoryPartWayThroughAGrowthLeavesNothingMapped) {
   // What fits still maps.
   void* fits = allocator.allocate(62 * MiB, 0, a);
   consistent();
-  EXPECT_EQ(sim->mappings(0), 2u + 31u) << "b's 4 MiB and a's 62 MiB, a page each";
+  EXPECT_EQ(sim->mappings(0), 1u + 4u) << "b's 4 MiB, and 20 + 20 + 20 + 2 MiB";
   for (auto [ptr, stream] : {std::pair{grown, b}, std::pair{fits, a}}) allocator.deallocate(ptr, 0, 0, stream);
   allocator.empty_cache();
   consistent();

@@ -106,40 +106,41 @@ TEST(Expandable, FreePagesInTheMiddleGoBackAndServeAnotherStream) {
   EXPECT_EQ(s.sim->counters().address_range_releases, s.sim->counters().address_range_reserves);
 }
 
-// A piece (one page) goes back only whole: empty_cache unmaps the pieces that lie entirely inside free
-// blocks and keeps every piece that holds any byte of a live block, even where part of it is free.
+// A piece goes back only whole: empty_cache unmaps the pieces that lie entirely inside free blocks and
+// keeps every piece that holds any byte of a live block, even where most of it is free.
 TEST(Expandable, TrimmingUnmapsWholePiecesOnlyAndKeepsAPieceWithALiveBlock) {
   SimSetup s(kOn);
+  s.a().set_memory_fraction(160.0 / 256, 0);  // a cap of 160 MiB: the 100 MiB growth comes in pieces
   const Stream a = s.sim->create_stream();
   s.a().record_history(true, 100);
-  void* x = s.a().allocate(10 * MiB, 0, a);  // pieces [0, 2) [2, 4) [4, 6) [6, 8) [8, 10) MiB
+  void* x = s.a().allocate(100 * MiB, 0, a);  // pieces [0, 20) [20, 40) [40, 60) [60, 80) [80, 100) MiB
   const std::uintptr_t base = addr(x);
   EXPECT_EQ(s.sim->mappings(0), 5u);
   s.a().deallocate(x, 0, 0, a);
-  void* y = s.a().allocate(3 * MiB, 0, a);  // [0, 3): reuses the free block
-  void* z = s.a().allocate(2 * MiB, 0, a);  // [3, 5)
+  void* y = s.a().allocate(30 * MiB, 0, a);  // [0, 30): reuses the free block
+  void* z = s.a().allocate(4 * MiB, 0, a);   // [30, 34)
   ASSERT_EQ(addr(y), base);
-  ASSERT_EQ(addr(z), base + 3 * MiB);
+  ASSERT_EQ(addr(z), base + 30 * MiB);
   check(s);
-  s.a().empty_cache();  // the free [5, 10): only [6, 10) is whole pieces
+  s.a().empty_cache();  // the free [34, 100): only [40, 100) is whole pieces
   check(s);
-  EXPECT_EQ(s.stats().reserved_bytes[0].current, static_cast<std::int64_t>(6 * MiB));
-  EXPECT_EQ(s.sim->mappings(0), 3u);
-  EXPECT_TRUE(s.sim->accessible(0, reinterpret_cast<void*>(base + 5 * MiB), 1 * MiB))
-      << "the free end of the piece z ends in stays mapped";
-  EXPECT_FALSE(s.sim->accessible(0, reinterpret_cast<void*>(base + 6 * MiB), 1));
+  EXPECT_EQ(s.stats().reserved_bytes[0].current, static_cast<std::int64_t>(40 * MiB));
+  EXPECT_EQ(s.sim->mappings(0), 2u);
+  EXPECT_TRUE(s.sim->accessible(0, reinterpret_cast<void*>(base + 34 * MiB), 6 * MiB))
+      << "the free end of the piece z lies in stays mapped";
+  EXPECT_FALSE(s.sim->accessible(0, reinterpret_cast<void*>(base + 40 * MiB), 1));
 
-  s.a().deallocate(y, 0, 0, a);  // free [0, 3): the piece [0, 2) goes, [2, 4) holds z's start
+  s.a().deallocate(y, 0, 0, a);  // free [0, 30): the piece [0, 20) goes, [20, 40) holds z
   s.a().empty_cache();
   check(s);
-  EXPECT_EQ(s.stats().reserved_bytes[0].current, static_cast<std::int64_t>(4 * MiB));
-  EXPECT_EQ(s.sim->mappings(0), 2u);
+  EXPECT_EQ(s.stats().reserved_bytes[0].current, static_cast<std::int64_t>(20 * MiB));
+  EXPECT_EQ(s.sim->mappings(0), 1u);
   EXPECT_FALSE(s.sim->accessible(0, y, 1));
-  EXPECT_TRUE(s.sim->accessible(0, reinterpret_cast<void*>(base + 2 * MiB), 4 * MiB)) << "z's pieces, whole";
+  EXPECT_TRUE(s.sim->accessible(0, reinterpret_cast<void*>(base + 20 * MiB), 20 * MiB)) << "z's piece, whole";
   const std::vector<SegmentInfo> segments = expandable_segments(s.a());
   ASSERT_EQ(segments.size(), 1u);
-  EXPECT_EQ(segments[0].address, base + 2 * MiB);
-  EXPECT_EQ(segments[0].total_size, 4 * MiB);
+  EXPECT_EQ(segments[0].address, base + 20 * MiB);
+  EXPECT_EQ(segments[0].total_size, 20 * MiB);
 
   s.a().deallocate(z, 0, 0, a);
   s.a().empty_cache();
@@ -155,10 +156,10 @@ TEST(Expandable, TrimmingUnmapsWholePiecesOnlyAndKeepsAPieceWithALiveBlock) {
     }
   }
   const std::vector<std::pair<std::string, std::pair<std::uintptr_t, std::size_t>>> expected = {
-      {"segment_map", {0, 10 * MiB}},
-      {"segment_unmap", {6 * MiB, 4 * MiB}},
-      {"segment_unmap", {0, 2 * MiB}},
-      {"segment_unmap", {2 * MiB, 4 * MiB}}};
+      {"segment_map", {0, 100 * MiB}},
+      {"segment_unmap", {40 * MiB, 60 * MiB}},
+      {"segment_unmap", {0, 20 * MiB}},
+      {"segment_unmap", {20 * MiB, 20 * MiB}}};
   EXPECT_EQ(pages, expected);
 }
 

@@ -209,7 +209,7 @@ class OpRunner {
       : config_(config),
         schedule_(schedule),
         model_(config.largest_request, config.expandable_segments ? SimBackend::Config{}.vm_granularity : 0,
-               SimBackend::Config{}.vm_granularity) {  // every piece is one page
+               20 * MiB) {  // the cache's largest piece of a large-class growth
     SimBackend::Config sim;
     sim.mode = SimBackend::Mode::kManual;
     sim.memory_per_device = config.memory_limit;

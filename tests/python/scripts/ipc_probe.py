@@ -133,8 +133,8 @@ def main() -> None:
     behaviour(facts, "share", time_share)
     if args.consumer != "native":
         # PyTorch's allocator settings configure the producer's allocator. A streamalloc consumer would follow
-        # them too (docs/pytorch.md, "PyTorch's allocator settings"); its own segments are set by
-        # --consumer-conf alone.
+        # them too (docs/pytorch.md, "PyTorch's allocator settings"), and memory in its expandable segments
+        # cannot be sent back; its own segments are set by --consumer-conf alone.
         os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     child = Child(ctx, args.consumer, args.consumer_conf)
 
@@ -165,7 +165,6 @@ def main() -> None:
         return roundtrip(pool)
 
     if args.producer == "streamalloc" and "expandable" in args.producer_conf:
-        # A MemPool's fixed segments beside the default pool's expandable ones: both kinds of handle.
         behaviour(facts, "roundtrip_mempool", roundtrip_mempool)
     if not facts["share"].get("shared"):
         # A multiprocessing queue pickles in a background thread: a message that cannot be pickled never
