@@ -54,6 +54,7 @@ help:
 	@echo "make test      set up, build, run the whole test suite (GPU/torch tests skip without a GPU)"
 	@echo "make build     set up and build everything (CUDA and the PyTorch plugin where they are found)"
 	@echo "make gpu-test  on a GPU machine: build everything and run every test, GPU and PyTorch included"
+	@echo "               (GPU_TEST_STEPS=\"cpu gpu python\" and GPU_TEST_PYTEST=paths run a part of it)"
 	@echo "make traces    record allocation traces of real workloads (GPU machine, PyTorch)"
 	@echo "make bench     full benchmark run; writes docs/benchmarks.md and plots (build/benchmarks.md without a GPU);"
 	@echo "               the trace replays include the expandable-segments peers (torch_expandable, streamalloc_expandable)"
@@ -104,14 +105,18 @@ demo:
 # The GPU targets build with the CUDA backend required (configure fails without the toolkit). Without
 # network access they build with what is installed. gpu-test runs the CPU-only tests in parallel, then
 # the rest (GPU, bench, install) one at a time, as they share the device.
+# GPU_TEST_STEPS runs part of it (cpu: the CPU ctest, gpu: the GPU ctest, python: pytest) and
+# GPU_TEST_PYTEST the pytest paths, so that the suite can be split over several shorter runs.
 GPU_DEPS = .ci/setup-deps $(1) || echo "$@: could not install missing packages (offline?); building with what is here"
+GPU_TEST_STEPS ?= cpu gpu python
+GPU_TEST_PYTEST ?= tests/python
 gpu-test:
 	@$(call GPU_DEPS,--torch)
 	$(call build,$(BUILD),gpu,$(TORCH_ARGS))
 	@nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-	ctest --test-dir $(BUILD) --output-on-failure -L cpu -j $(JOBS) --timeout 900
-	ctest --test-dir $(BUILD) --output-on-failure -LE cpu -j 1 --timeout 900
-	$(PYTEST)
+	$(if $(filter cpu,$(GPU_TEST_STEPS)),ctest --test-dir $(BUILD) --output-on-failure -L cpu -j $(JOBS) --timeout 900)
+	$(if $(filter gpu,$(GPU_TEST_STEPS)),ctest --test-dir $(BUILD) --output-on-failure -LE cpu -j 1 --timeout 900)
+	$(if $(filter python,$(GPU_TEST_STEPS)),$(RUN_ENV) $(PYTHON) -m pytest -q -rs $(GPU_TEST_PYTEST))
 	@echo "gpu-test: GPU tests run (not skipped):"; \
 	  ctest --test-dir $(BUILD) -L gpu -N | tail -1
 
