@@ -143,7 +143,6 @@ class FenceEngine {
     last_pending_poll_ = now;
     return true;
   }
-  Clock::time_point last_pending_poll() const { return last_pending_poll_; }
   // While one lives, a fence pass or poll runs: the blocks it releases are likely to be asked for next
   // by the stream that allocated them, so the cache puts them in that stream's hot list (Parts::release).
   class HotReleases {
