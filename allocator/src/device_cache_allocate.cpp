@@ -31,6 +31,20 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
   if (fences_.has_capture_frees()) fences_.reuse_capture_frees(stream);
   const std::size_t size = rounding_.round(requested);
   const SizeClass kind = size_policy::size_class_for(size);
+  // While blocks are pending, their fences may have completed since the last pass (a host sync, or
+  // time): PyTorch's allocator polls its events on every allocation, so after a sync it hands a
+  // pending block back, and counts it inactive, even when a cached block serves the allocation. The
+  // cache polls first too, at most once per tick of the coarse clock (a few ms; pending_poll_due sends
+  // the fast path here then), and records no fence there, so that a cross-stream loop keeps its
+  // batched fences. The blocks it releases go to their allocation streams' hot lists
+  // (DeviceCache::release_pending): the allocating stream's may serve it below.
+  if (ledger_.stats().pending_blocks.current > 0) {
+    const Clock::time_point now = fences_.coarse_now();
+    if (fences_.start_pending_poll(now)) {
+      const FenceEngine::HotReleases to_hot(fences_);
+      fences_.poll(/*close_batches=*/false);
+    }
+  }
   if (pools_.is_default(&pool)) {
     if (Block* hot = own.take_hot(size)) return hand_out_hot(own, hot, requested);
     // An expandable segment holds all of a stream's blocks of a size class, so hot blocks left out of
@@ -40,25 +54,12 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
     // of one size leaves the stream's other sizes cached.
     if (expandable_.grows(pool)) free_.flush_hot(own);
   }
-  // A poll on the allocation path puts the blocks it releases in their allocation streams' hot lists
-  // (DeviceCache::release_pending): the allocating stream's may serve it.
+  // A poll of the miss path below puts the blocks it releases in their allocation streams' hot lists:
+  // the allocating stream's may serve it.
   const auto take_hot_after_poll = [&]() -> Block* {
     if (!pools_.is_default(&pool) || !own.has_hot()) return nullptr;
     return own.take_hot(size);
   };
-  // While blocks are pending, their fences may have completed since the last pass (a host sync, or
-  // time): PyTorch's allocator polls its events on every allocation, so after a sync it hands a
-  // pending block back even when a larger cached block could serve. The cache polls before the best
-  // fit too, at most once per tick of the coarse clock (a few ms), and records no fence there, so that
-  // a cross-stream loop keeps its batched fences.
-  if (ledger_.stats().pending_blocks.current > 0) {
-    const Clock::time_point now = fences_.coarse_now();
-    if (fences_.start_pending_poll(now)) {
-      const FenceEngine::HotReleases to_hot(fences_);
-      fences_.poll(/*close_batches=*/false);
-      if (Block* hot = take_hot_after_poll()) return hand_out_hot(own, hot, requested);
-    }
-  }
 
   Block* block = find_free_packed(pool, kind, size, stream);
   bool reserved = false;  // a new segment was asked for (and refused, when block is still nullptr)

@@ -10,6 +10,7 @@
 // asks every stream the cache knows: its cost would grow with the streams a process has ever used.
 #include "fence_engine.hpp"
 
+#include <algorithm>
 #include <optional>
 
 #include "invariant.hpp"
@@ -51,6 +52,9 @@ void FenceEngine::make_pending(Block* block) {
 // poll after the capture.
 void FenceEngine::fence_after_free(const Block* block) {
   const HotReleases to_hot(*this);
+  // This pass polls the pending blocks of the streams it visits: the allocation path's poll need not
+  // repeat it in the same tick.
+  last_pending_poll_ = std::max(last_pending_poll_, coarse_now());
   bool deferred = false;
   // The free has happened; a device error in this opportunistic pass must not report it as failed.
   // The batch stays open and the next allocation that misses the cache fences it.

@@ -137,12 +137,15 @@ class FenceEngine {
     last_fence_pass_ = since;
     return true;
   }
-  // Whether the allocation path polls pending blocks at coarse time `now` (once per tick).
+  // Whether the allocation path polls pending blocks at coarse time `now`: not in a tick that has
+  // polled already (here, or in a free's fence pass).
   bool start_pending_poll(Clock::time_point now) {
-    if (now == last_pending_poll_) return false;
+    if (now <= last_pending_poll_) return false;
     last_pending_poll_ = now;
     return true;
   }
+  // The coarse tick of the newest poll of pending blocks (allocation path or a free's fence pass).
+  Clock::time_point last_pending_poll() const { return last_pending_poll_; }
   // While one lives, a fence pass or poll runs: the blocks it releases are likely to be asked for next
   // by the stream that allocated them, so the cache puts them in that stream's hot list (Parts::release).
   class HotReleases {

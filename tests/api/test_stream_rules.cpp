@@ -122,6 +122,34 @@ TEST(StreamRules, Rule3_ASmallRecordedBlockComesBackAfterTheSyncThoughCachedSpac
   s.a().validate();
 }
 
+// As PyTorch's allocator, whose every allocation polls its events: after the sync, an allocation that
+// the stream's hot list serves on the fast path still releases the pending block first, so that the
+// stats count it inactive (the fast path leaves one allocation per coarse clock tick to the
+// device-locked path while blocks are pending).
+TEST(StreamRules, Rule3_AnAllocationServedHotAfterTheSyncReleasesThePendingBlock) {
+  SimSetup s("");
+  const Stream a = s.sim->create_stream();
+  const Stream b = s.sim->create_stream();
+  void* hot = s.a().allocate(1024, 0, a);
+  s.a().deallocate(hot, 1024, 0, a);  // kept in a's hot list
+  void* p = s.a().allocate(kBig, 0, a);
+  for (int i = 0; i < 3; ++i) s.a().deallocate(s.a().allocate(1024, 0, a), 1024, 0, a);  // on the fast path
+  s.a().record_stream(p, b);
+  s.sim->enqueue(0, b, [] {});  // b is busy with work that uses the block
+  s.a().deallocate(p, kBig, 0, a);
+  EXPECT_EQ(s.stats().pending_blocks.current, 1);
+  s.sim->synchronize_stream(0, b);
+  std::this_thread::sleep_for(std::chrono::milliseconds(25));  // past a tick of the coarse clock
+  const DeviceStats before = s.stats();
+  EXPECT_EQ(s.a().allocate(1024, 0, a), hot) << "served from the hot list";
+  const DeviceStats after = s.stats();
+  EXPECT_EQ(after.allocations_device_locked, before.allocations_device_locked + 1) << "the poll was due";
+  EXPECT_EQ(after.pending_blocks.current, 0) << "the pending block was not released by the allocation";
+  EXPECT_EQ(after.active_bytes[0].current, 1024);
+  s.a().deallocate(hot, 1024, 0, a);
+  s.a().validate();
+}
+
 // The same when the free's batch is still open at the host sync (a fence of b was in flight when the
 // block was freed, so the free recorded no event): the allocation that misses after the sync finds b
 // idle and releases the batch without recording an event that the sync would not have covered.
