@@ -6,7 +6,9 @@
 //
 // A mapping is what one map_pages call made: one physical allocation of whole pages (`page_bytes`, the
 // device's granularity) at a page-aligned address inside a range, carrying the backend's handle of its
-// memory (0 in the simulation). Mappings are unmapped whole only, alone or several side by side.
+// memory (0 in the simulation), and the descriptor it was exported as (Backend::export_piece; -1 until
+// it is), which the backend closes when the mapping goes. Mappings are unmapped whole only, alone or
+// several side by side.
 // Mappings are kept sparsely, by address, so a range as large as the device's address space costs
 // nothing until memory is mapped into it.
 //
@@ -29,6 +31,12 @@ namespace streamalloc {
 class AddressRanges {
  public:
   using Handle = std::uint64_t;
+
+  struct Mapping {
+    std::size_t bytes = 0;
+    Handle handle = 0;
+    int exported = -1;  // the descriptor export_piece made for it, or -1
+  };
 
   explicit AddressRanges(std::size_t page_bytes) : page_bytes_(page_bytes) {}
 
@@ -100,7 +108,7 @@ class AddressRanges {
 
   // Records the mapping the backend has just made; check_map() passed for it.
   void add_mapping(std::uintptr_t at, std::size_t bytes, Handle handle) {
-    range_containing(at)->second.mappings.emplace(at, Mapping{bytes, handle});
+    range_containing(at)->second.mappings.emplace(at, Mapping{bytes, handle, -1});
     mapped_bytes_ += bytes;
     ++mapping_count_;
   }
@@ -136,13 +144,23 @@ class AddressRanges {
     }
   }
 
-  // Forgets one mapping once the backend has unmapped it.
-  void remove_mapping(std::uintptr_t at) {
+  // Forgets one mapping once the backend has unmapped it; returns what it was (its descriptor to close).
+  Mapping remove_mapping(std::uintptr_t at) {
     auto& mappings = range_containing(at)->second.mappings;
     const auto it = mappings.find(at);
+    const Mapping removed = it->second;
     mapped_bytes_ -= it->second.bytes;
     --mapping_count_;
     mappings.erase(it);
+    return removed;
+  }
+
+  // The mapping that starts exactly at `at`; nullptr when none does.
+  Mapping* mapping_at(std::uintptr_t at) {
+    const auto range = range_containing(at);
+    if (range == ranges_.end()) return nullptr;
+    const auto it = range->second.mappings.find(at);
+    return it == range->second.mappings.end() ? nullptr : &it->second;
   }
 
   // True when [at, at + bytes) lies inside one range: an address the device may name, mapped or not.
@@ -212,10 +230,6 @@ class AddressRanges {
   }
 
  private:
-  struct Mapping {
-    std::size_t bytes = 0;
-    Handle handle = 0;
-  };
   struct Range {
     std::size_t bytes = 0;
     std::map<std::uintptr_t, Mapping> mappings;  // by address

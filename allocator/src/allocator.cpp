@@ -364,6 +364,17 @@ void* Allocator::segment_base(const void* ptr, std::size_t* size) const {
   return nullptr;
 }
 
+SharedPieces Allocator::share_pieces(const void* ptr) {
+  SharedPieces shared;
+  for (const auto& c : caches_) {
+    if (c->share_pieces(ptr, &shared)) return shared;
+  }
+  throw Error(ErrorCode::kInvalidArgument,
+              "streamalloc: share_pieces(" + hex(reinterpret_cast<std::uintptr_t>(ptr)) +
+                  "): not the start of a live block of this allocator; share memory it allocated, while it is "
+                  "allocated");
+}
+
 void Allocator::cache_info(int device, std::size_t* largest_free_block, std::size_t* total_cached) const {
   cache(device).cache_info(largest_free_block, total_cached);
 }

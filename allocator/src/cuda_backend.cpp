@@ -13,12 +13,16 @@
 // runtime once (cudaGetDriverEntryPoint), so the library still links only the runtime and a driver
 // without them only means "not supported" (or "ask the runtime"), as PyTorch loads the driver API
 // lazily. Each device keeps an AddressRanges: the ranges it reserved and
-// the physical handle of every mapped page, which unmapping needs to release the memory.
+// the physical handle of every mapped page, which unmapping needs to release the memory, and the POSIX
+// file descriptor a mapping was exported as (export_piece), closed when it is unmapped. Physical memory
+// is created exportable as a POSIX file descriptor, as PyTorch's expandable segments are; a device whose
+// driver refuses that gets memory that is not, and export_piece says so.
 #include "streamalloc/cuda_backend.hpp"
 
 #include <cuda.h>  // driver types only: the functions come through DriverVm
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <memory>
 #include <mutex>
@@ -140,6 +144,8 @@ struct DriverVm {
   PFN_cuMemMap_v10020 map = nullptr;
   PFN_cuMemUnmap_v10020 unmap = nullptr;
   PFN_cuMemSetAccess_v10020 set_access = nullptr;
+  // Optional: without it mapped memory is not exported (export_piece says so), the rest works.
+  PFN_cuMemExportToShareableHandle_v10020 export_handle = nullptr;
   std::string missing;  // the first entry point the driver did not give; empty when it gave them all
 
   // Loaded on first use, once per process (thread-safe static initialization).
@@ -163,6 +169,8 @@ struct DriverVm {
     d.find("cuMemMap", d.map);
     d.find("cuMemUnmap", d.unmap);
     d.find("cuMemSetAccess", d.set_access);
+    d.export_handle =
+        reinterpret_cast<PFN_cuMemExportToShareableHandle_v10020>(find_driver_entry("cuMemExportToShareableHandle"));
     return d;
   }
 
@@ -271,13 +279,25 @@ void check_driver(CUresult result, const char* call, int device) {
   if (result != CUDA_SUCCESS) throw_driver_error(result, call, device);
 }
 
-// Physical memory of one device, not shareable with other processes (no IPC handle types).
-CUmemAllocationProp device_memory(CUdevice device) {
+// Physical memory of one device; `exportable`: it can be exported as a POSIX file descriptor
+// (export_piece), as PyTorch's expandable segments' memory is.
+CUmemAllocationProp device_memory(CUdevice device, bool exportable = false) {
   CUmemAllocationProp prop = {};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = device;
+  if (exportable) prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   return prop;
+}
+
+std::string driver_error_text(CUresult result) {
+  const DriverVm& driver = DriverVm::get();
+  const char* text = nullptr;
+  const char* name = nullptr;
+  if (driver.get_error_string == nullptr || driver.get_error_string(result, &text) != CUDA_SUCCESS) text = nullptr;
+  if (driver.get_error_name == nullptr || driver.get_error_name(result, &name) != CUDA_SUCCESS) name = nullptr;
+  return std::string(text != nullptr ? text : "unknown driver error") + " (" +
+         (name != nullptr ? name : "CUresult " + std::to_string(static_cast<int>(result))) + ")";
 }
 
 // The physical allocation one map_pages call is making. Unless committed, its destructor unmaps it
@@ -319,6 +339,9 @@ struct DeviceVm {
   std::mutex mutex;  // every VM call of the device, driver calls included
   bool probed = false;
   bool supported = false;
+  // Why cuMemCreate refused exportable memory on this device (then its memory is created without);
+  // empty while it has not.
+  std::string not_exportable;
   CUdevice cu_device = 0;
   std::optional<AddressRanges> ranges;  // with the device's granularity, once probed and supported
 };
@@ -552,29 +575,53 @@ class CudaBackend final : public Backend {
     ranges.check_map(base, bytes, vm_call("map_pages", device, at, bytes));
     DeviceGuard guard(device, true);
     RelaxedCaptureMode relaxed;  // no stream work: safe during a capture, as reserve() is
-    const DriverVm& driver = DriverVm::get();
-    const CUmemAllocationProp prop = device_memory(vm.cu_device);
     // One physical allocation for the whole call: one create, one map, one access grant.
-    MappingInFlight mapping(driver, base, bytes);
-    CUmemGenericAllocationHandle handle = 0;
-    CUresult result = driver.create(&handle, bytes, &prop, 0);
-    if (result == CUDA_ERROR_OUT_OF_MEMORY) return false;
-    check_driver(result, "cuMemCreate", device);
-    mapping.created(handle);
-    result = driver.map(base, bytes, 0, handle, 0);
-    if (result == CUDA_ERROR_OUT_OF_MEMORY) return false;  // `mapping` releases what was made
-    check_driver(result, "cuMemMap", device);
-    mapping.mapped();
-    CUmemAccessDesc access = {};
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = vm.cu_device;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    result = driver.set_access(base, bytes, &access, 1);
-    if (result == CUDA_ERROR_OUT_OF_MEMORY) return false;
-    check_driver(result, "cuMemSetAccess", device);
-    ranges.add_mapping(base, bytes, mapping.handle());
-    mapping.commit();
-    return true;
+    return map_run(vm, device, base, bytes, bytes);
+  }
+
+  bool map_pieces(int device, void* at, std::size_t bytes, std::size_t piece_bytes) override {
+    DeviceVm& vm = vm_of(device, "map_pieces");
+    std::lock_guard<std::mutex> lock(vm.mutex);
+    AddressRanges& ranges = ranges_of(vm, device, "map_pieces");
+    const auto base = reinterpret_cast<CUdeviceptr>(at);
+    const std::string call = vm_call("map_pieces", device, at, bytes);
+    ranges.check_map(base, bytes, call);
+    ranges.check_size(piece_bytes, call);
+    if (bytes % piece_bytes != 0) {
+      throw Error(ErrorCode::kBackend,
+                  call + ": not a whole number of pieces of " + std::to_string(piece_bytes) + " bytes");
+    }
+    DeviceGuard guard(device, true);
+    RelaxedCaptureMode relaxed;  // no stream work: safe during a capture, as reserve() is
+    // One create and one map per piece, one access grant for the run.
+    return map_run(vm, device, base, bytes, piece_bytes);
+  }
+
+  int export_piece(int device, void* piece) override {
+    DeviceVm& vm = vm_of(device, "export_piece");
+    std::lock_guard<std::mutex> lock(vm.mutex);
+    AddressRanges& ranges = ranges_of(vm, device, "export_piece");
+    const std::string call = "CudaBackend::export_piece(device " + std::to_string(device) + ", " +
+                             AddressRanges::hex(reinterpret_cast<std::uintptr_t>(piece)) + ")";
+    AddressRanges::Mapping* mapping = ranges.mapping_at(reinterpret_cast<std::uintptr_t>(piece));
+    if (mapping == nullptr) {
+      throw Error(ErrorCode::kBackend, call + ": no mapping starts there (pass a piece's first address)");
+    }
+    if (mapping->exported >= 0) return mapping->exported;
+    const DriverVm& driver = DriverVm::get();
+    if (!vm.not_exportable.empty() || driver.export_handle == nullptr) {
+      throw Error(ErrorCode::kBackend,
+                  call + ": this device's mapped memory cannot be shared with another process: " +
+                      (driver.export_handle == nullptr
+                           ? std::string("the driver has no cuMemExportToShareableHandle")
+                           : "cuMemCreate refused memory exportable as a POSIX file descriptor: " + vm.not_exportable));
+    }
+    DeviceGuard guard(device, true);
+    int fd = -1;
+    check_driver(driver.export_handle(&fd, mapping->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                 "cuMemExportToShareableHandle", device);
+    mapping->exported = fd;
+    return fd;
   }
 
   void unmap_pages(int device, void* at, std::size_t bytes) override { unmap(device, at, bytes, true); }
@@ -622,9 +669,78 @@ class CudaBackend final : public Backend {
     const DriverVm& driver = DriverVm::get();
     for (const Mapping& mapping : mappings) {
       check_driver(driver.unmap(mapping.address, mapping.bytes), "cuMemUnmap", device);
-      ranges.remove_mapping(mapping.address);
+      const int exported = ranges.remove_mapping(mapping.address).exported;
+      if (exported >= 0) (void)close(exported);  // a consumer's import holds the memory on its own
       check_driver(driver.release(mapping.handle), "cuMemRelease", device);
     }
+  }
+
+  // One physical allocation of `bytes` on the device, exportable unless the device refused that: the
+  // first refusal (anything but out of memory) is remembered and the memory made without. Returns the
+  // driver's result for the allocation made or not.
+  CUresult create_physical(DeviceVm& vm, std::size_t bytes, CUmemGenericAllocationHandle* handle) {
+    const DriverVm& driver = DriverVm::get();
+    if (vm.not_exportable.empty()) {
+      const CUmemAllocationProp exportable = device_memory(vm.cu_device, true);
+      const CUresult result = driver.create(handle, bytes, &exportable, 0);
+      if (result == CUDA_SUCCESS || result == CUDA_ERROR_OUT_OF_MEMORY) return result;
+      vm.not_exportable = driver_error_text(result);
+    }
+    const CUmemAllocationProp prop = device_memory(vm.cu_device);
+    return driver.create(handle, bytes, &prop, 0);
+  }
+
+  // Maps [base, base + bytes) as pieces of `piece_bytes`, each its own physical allocation (created and
+  // mapped one by one), then grants the device access to the whole run at once. Called with vm.mutex
+  // held, the device current and the checks done. Out of memory: false; an error: thrown; either way
+  // nothing stays created or mapped.
+  bool map_run(DeviceVm& vm, int device, CUdeviceptr base, std::size_t bytes, std::size_t piece_bytes) {
+    const DriverVm& driver = DriverVm::get();
+    std::vector<std::unique_ptr<MappingInFlight>> pieces;
+    pieces.reserve(bytes / piece_bytes);
+    for (std::size_t offset = 0; offset < bytes; offset += piece_bytes) {
+      // Undone in reverse order of making when this call does not commit.
+      pieces.push_back(std::make_unique<MappingInFlight>(driver, base + offset, piece_bytes));
+      MappingInFlight& piece = *pieces.back();
+      CUmemGenericAllocationHandle handle = 0;
+      CUresult result = create_physical(vm, piece_bytes, &handle);
+      if (result == CUDA_ERROR_OUT_OF_MEMORY) return undo(pieces);
+      if (result != CUDA_SUCCESS) {
+        undo(pieces);
+        throw_driver_error(result, "cuMemCreate", device);
+      }
+      piece.created(handle);
+      result = driver.map(base + offset, piece_bytes, 0, handle, 0);
+      if (result == CUDA_ERROR_OUT_OF_MEMORY) return undo(pieces);
+      if (result != CUDA_SUCCESS) {
+        undo(pieces);
+        throw_driver_error(result, "cuMemMap", device);
+      }
+      piece.mapped();
+    }
+    CUmemAccessDesc access = {};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = vm.cu_device;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    const CUresult result = driver.set_access(base, bytes, &access, 1);
+    if (result == CUDA_ERROR_OUT_OF_MEMORY) return undo(pieces);
+    if (result != CUDA_SUCCESS) {
+      undo(pieces);
+      throw_driver_error(result, "cuMemSetAccess", device);
+    }
+    AddressRanges& ranges = *vm.ranges;
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      ranges.add_mapping(base + i * piece_bytes, piece_bytes, pieces[i]->handle());
+      pieces[i]->commit();
+    }
+    return true;
+  }
+
+  // Unmaps and releases the pieces of a map_run that does not commit, newest first. Returns false (the
+  // run's answer when the device is full).
+  static bool undo(std::vector<std::unique_ptr<MappingInFlight>>& pieces) {
+    while (!pieces.empty()) pieces.pop_back();
+    return false;
   }
 
   DeviceVm& vm_of(int device, const char* call) {

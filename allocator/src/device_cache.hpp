@@ -117,6 +117,8 @@ class DeviceCache {
   std::size_t requested_size_of(const void* ptr) const;
   void cache_info(std::size_t* largest_free_block, std::size_t* total_cached) const;
   void* segment_base(const void* ptr, std::size_t* size) const;
+  // Allocator::share_pieces on this device; false (nothing changed) when `ptr` is not live here.
+  bool share_pieces(const void* ptr, SharedPieces* out);
   PendingHistory pending_history() const;
   void validate() const;
 

@@ -3,7 +3,8 @@
 // one segment per (stream, size class): a reserved address range whose blocks cover exactly its mapped
 // pieces. When no cached block serves an allocation, the stream's segment grows after its last block by
 // whole pages, mapped as one physical allocation (past half of the memory cap: in pieces of up to
-// 20 MiB in the large class and of one page in the small one): that block grows when the stream may
+// 20 MiB in the large class and of one page in the small one; with expandable_ipc, one page each, so
+// that a block can be sent to another process): that block grows when the stream may
 // take it, else the new pages are a block of their own. Blocks inside split, merge, settle and go
 // pending exactly as in fixed segments. The whole pieces inside free blocks are unmapped by
 // empty_cache(), the memory cap and the OOM path (release_free_segments), and a segment with nothing
@@ -47,9 +48,11 @@ namespace {
 // plentiful a growth is one allocation. Past half of what the cache may map (the memory-fraction cap)
 // it maps pieces of 20 MiB in the large class (PyTorch's kLargeBuffer handles) and of one page in the
 // small one: a piece goes back only whole, and near the cap the OOM path must be able to give back
-// the free parts of what is mapped.
+// the free parts of what is mapped. With expandable_ipc every piece is one page: PyTorch's format for
+// sending memory to another process describes a run of equal pieces.
 constexpr std::size_t kLargePieceBytes = 20 * MiB;
-std::size_t piece_bytes(SizeClass kind, std::size_t page, std::size_t bytes, bool near_cap) {
+std::size_t piece_bytes(SizeClass kind, std::size_t page, std::size_t bytes, bool near_cap, bool page_pieces) {
+  if (page_pieces) return page;
   if (!near_cap) return bytes;
   return kind == SizeClass::kLarge ? round_up(kLargePieceBytes, page) : page;
 }
@@ -59,6 +62,7 @@ std::size_t piece_bytes(SizeClass kind, std::size_t page, std::size_t bytes, boo
 Block* ExpandableSegments::grow(SizeClass kind, std::size_t size, Stream stream, std::size_t cap,
                                 bool* no_address_space) {
   const std::size_t page = page_bytes_;
+  const bool page_pieces = p_.options.expandable_ipc;
   // Past half of the cap a growth maps in pieces the OOM path can give back one by one.
   const auto near_cap = [&](std::size_t growth) { return p_.segments.reserved_bytes() + growth > cap / 2; };
   if (Segment* segment = growing(stream, kind)) {
@@ -75,7 +79,8 @@ Block* ExpandableSegments::grow(SizeClass kind, std::size_t size, Stream stream,
     const std::size_t bytes = round_up(extend ? size - tail->size : size, page);
     if (segment->span() + bytes <= segment->address_range) {
       if (p_.segments.reserved_bytes() + bytes > cap) return nullptr;
-      Block* added = p_.segments.grow(segment, bytes, piece_bytes(kind, page, bytes, near_cap(bytes)));
+      Block* added =
+          p_.segments.grow(segment, bytes, piece_bytes(kind, page, bytes, near_cap(bytes), page_pieces));
       if (added == nullptr) return nullptr;
       if (p_.aids != nullptr) {
         p_.aids->on_segment_pages(TraceAction::kSegmentMap, *segment, added->address, bytes);
@@ -103,8 +108,8 @@ Block* ExpandableSegments::grow(SizeClass kind, std::size_t size, Stream stream,
   const std::size_t share = kind == SizeClass::kLarge ? p_.device_total.load() : p_.device_total.load() / 8;
   const std::size_t range = std::max(bytes, round_up(share, page));
   SegmentSource::Refusal why = SegmentSource::Refusal::kNone;
-  Segment* segment = p_.segments.reserve_expandable(kind, &p_.default_pool, range, bytes,
-                                                    piece_bytes(kind, page, bytes, near_cap(bytes)), stream, &why);
+  Segment* segment = p_.segments.reserve_expandable(
+      kind, &p_.default_pool, range, bytes, piece_bytes(kind, page, bytes, near_cap(bytes), page_pieces), stream, &why);
   if (segment == nullptr) {
     // Without address space the memory may still be there: a fixed segment, as without the option.
     *no_address_space = why == SegmentSource::Refusal::kNoAddressSpace;
@@ -229,7 +234,8 @@ void ExpandableSegments::validate(const Segment* segment, int device) const {
       (segment->head->address - segment->address) % page != 0 || segment->span() % page != 0) {
     broken("an expandable segment's blocks do not cover whole pages of its range");
   }
-  // The pieces tile exactly each run of blocks side by side, and nothing else; each is whole pages.
+  // The pieces tile exactly each run of blocks side by side, and nothing else; each is whole pages (one
+  // page with expandable_ipc).
   std::vector<SegmentPieces::Run> pieces;
   pieces.reserve(segment->pieces.count());
   segment->pieces.for_each([&](std::uintptr_t address, std::size_t bytes) { pieces.push_back({address, bytes}); });
@@ -244,7 +250,8 @@ void ExpandableSegments::validate(const Segment* segment, int device) const {
         broken("the mapped pieces of " + where + " do not tile its blocks at offset " +
                std::to_string(at - segment->address));
       }
-      if (pieces[next].bytes == 0 || pieces[next].bytes % page != 0) {
+      const std::size_t bytes = pieces[next].bytes;
+      if (bytes == 0 || bytes % page != 0 || (p_.options.expandable_ipc && bytes != page)) {
         broken("a mapped piece of " + where + " has " + std::to_string(pieces[next].bytes) + " bytes");
       }
     }

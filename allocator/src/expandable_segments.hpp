@@ -58,10 +58,11 @@ class ExpandableSegments {
   bool grows(const MemoryPool& pool) const { return on() && &pool == &p_.default_pool; }
 
   // Grows the segment of (stream, size class) at its end by whole pages, mapped as one physical
-  // allocation (near `cap`, the memory-fraction cap: in pieces of up to 20 MiB, large, or one page,
-  // small), or starts one, so that a free block of at least `size` bytes that `stream` may take is in
-  // the free lists; returns it, or nullptr when the cap or the device refuses (nothing stays mapped for
-  // it then) or, with *no_address_space set, when no address range could be reserved.
+  // allocation (near `cap`: in pieces of up to 20 MiB, large, or one page, small; with expandable_ipc,
+  // one page each), or starts one, so that a free block of at least `size` bytes that `stream`
+  // may take is in the free lists; returns it, or nullptr when the cap (`cap`, the memory-fraction cap)
+  // or the device refuses (nothing stays mapped for it then) or, with *no_address_space set, when no
+  // address range could be reserved.
   Block* grow(SizeClass size_class, std::size_t size, Stream stream, std::size_t cap, bool* no_address_space);
   // Unmaps the whole pieces (physical allocations) inside the settled free blocks of `segment`; releases
   // the segment when none stays mapped. Returns the bytes given back. Outside captures only (rule 6).

@@ -244,6 +244,21 @@ const OptionSpec kOptionTable[] = {
        return true;
      },
      [](const Options& o) -> std::string { return o.expandable_segments ? "true" : "false"; }},
+    {"expandable_ipc",
+     "map each page of an expandable segment's growth as its own physical allocation, so that its blocks can "
+     "be sent to another process (CUDA IPC)",
+     [] { return std::string("true|false|True|False|1|0"); },
+     [](Options& o, std::string_view v) {
+       if (v == "true" || v == "True" || v == "1") {
+         o.expandable_ipc = true;
+       } else if (v == "false" || v == "False" || v == "0") {
+         o.expandable_ipc = false;
+       } else {
+         return false;
+       }
+       return true;
+     },
+     [](const Options& o) -> std::string { return o.expandable_ipc ? "true" : "false"; }},
     {"hot_list_mb",
      "a small miss takes a new segment rather than merge back the stream's hot blocks while its hot list holds "
      "less than this many MB (0 = never)",

@@ -1,12 +1,13 @@
-// SegmentPieces: the physical allocations mapped into an expandable segment's address range, one per
-// Backend::map_pages call, by address (docs/design.md, "Expandable segments"). A piece goes back only
-// whole (the backend cannot give back part of one), so which free bytes can be unmapped depends on
-// where the pieces lie, not on the pages alone. The pieces tile exactly the bytes the segment's blocks
-// cover (ExpandableSegments::validate checks it).
+// SegmentPieces: the physical allocations mapped into an expandable segment's address range, by
+// address (docs/design.md, "Expandable segments"): each one page, as PyTorch's format for sharing them
+// with another process needs (a run of equal pieces). A piece goes back only whole (the backend cannot
+// give back part of one). The pieces tile exactly the bytes the segment's blocks cover
+// (ExpandableSegments::validate checks it).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -61,6 +62,14 @@ class SegmentPieces {
     std::size_t removed = 0;
     for (auto it = first; it != last; ++removed) it = pieces_.erase(it);
     return removed;
+  }
+
+  // Calls fn(address, bytes) for every piece that holds a byte of [begin, end), in address order.
+  template <typename Fn>
+  void for_each_holding(std::uintptr_t begin, std::uintptr_t end, Fn fn) const {
+    auto it = pieces_.upper_bound(begin);
+    if (it != pieces_.begin() && std::prev(it)->first + std::prev(it)->second > begin) --it;
+    for (; it != pieces_.end() && it->first < end; ++it) fn(it->first, it->second);
   }
 
   // Calls fn(address, bytes) for every piece, in address order.

@@ -62,32 +62,31 @@ Segment* SegmentSource::reserve(SizeClass pool, MemoryPool* owner, std::size_t b
 }
 
 bool SegmentSource::map_pieces(std::uintptr_t at, std::size_t bytes, std::size_t piece_bytes, SegmentPieces* pieces) {
-  std::size_t mapped = 0;
-  // Takes back what this call mapped. Fresh memory no work has used: no device sync, so this works
-  // while a stream captures, as the maps themselves do.
-  auto undo = [&] {
-    if (mapped > 0) backend_.unmap_unused_pages(device_, reinterpret_cast<void*>(at), mapped);
-  };
-  try {
-    while (mapped < bytes) {
-      const std::size_t piece = std::min(piece_bytes, bytes - mapped);
-      if (!backend_.map_pages(device_, reinterpret_cast<void*>(at + mapped), piece)) {
-        undo();
-        return false;
-      }
-      mapped += piece;
-    }
-  } catch (...) {
+  // A run of equal pieces, then what remains as one piece; all or nothing (Backend::map_pieces): what a
+  // refused or failed call mapped is taken back without a device sync, so this works while a stream
+  // captures, as the maps themselves do.
+  const std::size_t run = bytes / piece_bytes * piece_bytes;
+  const std::size_t rest = bytes - run;
+  if (run > 0 && !backend_.map_pieces(device_, reinterpret_cast<void*>(at), run, piece_bytes)) return false;
+  if (rest > 0) {
+    bool mapped = false;
     try {
-      undo();
-    } catch (const Error& e) {  // keep the first error; the memory stays mapped, unaccounted
-      log().warn("device {}: {} bytes of a failed growth stay mapped: {}", device_, mapped, without_prefix(e.what()));
+      mapped = backend_.map_pieces(device_, reinterpret_cast<void*>(at + run), rest, rest);
+    } catch (...) {
+      try {
+        if (run > 0) backend_.unmap_unused_pages(device_, reinterpret_cast<void*>(at), run);
+      } catch (const Error& e) {  // keep the first error; the run stays mapped, unaccounted
+        log().warn("device {}: {} bytes of a failed growth stay mapped: {}", device_, run, without_prefix(e.what()));
+      }
+      throw;
     }
-    throw;
+    if (!mapped) {
+      if (run > 0) backend_.unmap_unused_pages(device_, reinterpret_cast<void*>(at), run);
+      return false;
+    }
   }
-  for (std::size_t offset = 0; offset < bytes; offset += piece_bytes) {
-    pieces->add(at + offset, std::min(piece_bytes, bytes - offset));
-  }
+  for (std::size_t offset = 0; offset < run; offset += piece_bytes) pieces->add(at + offset, piece_bytes);
+  if (rest > 0) pieces->add(at + run, rest);
   return true;
 }
 

@@ -4,7 +4,7 @@
 // the cache's business.
 //
 // Two kinds of segment: a fixed one is one reserve() of the backend; an expandable one is a reserved
-// address range into which physical memory is mapped in pieces (each one Backend::map_pages call, whole
+// address range into which physical memory is mapped in pieces (each one physical allocation of whole
 // pages of the backend's granularity), which grows at its end and gives whole free pieces back anywhere
 // (docs/design.md, "Expandable segments"). Which segment grows when, in pieces of what size, and which
 // free pieces go back, is the cache's policy; this class does the mapping and keeps the blocks covering
@@ -76,8 +76,8 @@ class SegmentSource {
   std::vector<Segment*> all() const;
 
  private:
-  // Maps [at, at + bytes) in pieces of at most `piece_bytes` and records them in `pieces`. On a refusal
-  // returns false, and on an error throws, after unmapping the pieces it did map: nothing stays.
+  // Maps [at, at + bytes) in pieces of at most `piece_bytes` and records them in `pieces`. On a refusal returns
+  // false, and on an error throws, with nothing left mapped.
   bool map_pieces(std::uintptr_t at, std::size_t bytes, std::size_t piece_bytes, SegmentPieces* pieces);
   Segment* add(std::uintptr_t address, std::size_t bytes, SizeClass pool, MemoryPool* owner, Stream stream);
 

@@ -211,13 +211,16 @@ void drop_host_pages(void* at, std::size_t bytes, const std::string& call) {
 }
 
 // Unmaps the whole mappings [at, at + bytes) (check_unmap passed): drops their host pages and forgets
-// them. Returns how many there were.
-std::size_t unmap_mappings(DeviceState& dev, std::uintptr_t at, std::size_t bytes, const std::string& call) {
+// them, closing their exported descriptors (counted in *closed). Returns how many there were.
+std::size_t unmap_mappings(DeviceState& dev, std::uintptr_t at, std::size_t bytes, const std::string& call,
+                           std::uint64_t* closed) {
   if (!dev.arena) drop_host_pages(reinterpret_cast<void*>(at), bytes, call);
   std::vector<std::uintptr_t> unmapped;
   dev.ranges.for_each_mapping_in(
       at, bytes, [&](std::uintptr_t mapping, std::size_t, AddressRanges::Handle) { unmapped.push_back(mapping); });
-  for (std::uintptr_t mapping : unmapped) dev.ranges.remove_mapping(mapping);
+  for (std::uintptr_t mapping : unmapped) {
+    if (dev.ranges.remove_mapping(mapping).exported >= 0) ++*closed;
+  }
   return unmapped.size();
 }
 
@@ -740,7 +743,8 @@ void SimBackend::unmap_pages(int device, void* at, std::size_t bytes) {
   // As the CUDA backend does before cuMemUnmap: work queued for this memory runs before it goes.
   state_->finish_all(lock, device);
   dev.ranges.check_unmap(address, bytes, call);  // again: another thread may have unmapped it meanwhile
-  state_->counters.physical_allocations_released += unmap_mappings(dev, address, bytes, call);
+  state_->counters.physical_allocations_released +=
+      unmap_mappings(dev, address, bytes, call, &state_->counters.exports_closed);
   ++state_->counters.page_unmaps;
 }
 
@@ -752,7 +756,8 @@ void SimBackend::unmap_unused_pages(int device, void* at, std::size_t bytes) {
   const auto address = reinterpret_cast<std::uintptr_t>(at);
   dev.ranges.check_unmap(address, bytes, call);
   // Nothing to wait for: no work has used this memory.
-  state_->counters.physical_allocations_released += unmap_mappings(dev, address, bytes, call);
+  state_->counters.physical_allocations_released +=
+      unmap_mappings(dev, address, bytes, call, &state_->counters.exports_closed);
   ++state_->counters.unused_page_unmaps;
 }
 
@@ -769,6 +774,27 @@ void SimBackend::release_address_range(int device, void* base, std::size_t bytes
   }
   dev.ranges.remove_range(address);
   ++state_->counters.address_range_releases;
+}
+
+int SimBackend::export_piece(int device, void* piece) {
+  State::Lock lock(state_->mutex);
+  DeviceState& dev = state_->device(device, "export_piece");
+  if (!state_->config.virtual_memory) unsupported("export_piece", device);
+  const std::string call = "SimBackend::export_piece(device " + std::to_string(device) + ", " + hex(piece) + ")";
+  AddressRanges::Mapping* mapping = dev.ranges.mapping_at(reinterpret_cast<std::uintptr_t>(piece));
+  if (mapping == nullptr) {
+    throw Error(ErrorCode::kBackend, call + ": no mapping starts there (pass a piece's first address)");
+  }
+  if (mapping->exported >= 0) return mapping->exported;
+  if (!state_->config.exportable_pieces) {
+    throw Error(ErrorCode::kBackend,
+                call +
+                    ": mapped memory of this device cannot be exported (the simulated driver refuses it: "
+                    "Config::exportable_pieces)");
+  }
+  // Descriptor-like numbers, never reused, above those a process has open at its start.
+  mapping->exported = static_cast<int>(1000 + state_->counters.pieces_exported++);
+  return mapping->exported;
 }
 
 Stream SimBackend::create_stream(int device) {

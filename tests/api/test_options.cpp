@@ -42,6 +42,7 @@ void expect_same(const Options& a, const Options& b) {
   EXPECT_EQ(a.check_sync, b.check_sync);
   EXPECT_EQ(a.pending_history, b.pending_history);
   EXPECT_EQ(a.expandable_segments, b.expandable_segments);
+  EXPECT_EQ(a.expandable_ipc, b.expandable_ipc);
   EXPECT_EQ(a.hot_list_bytes, b.hot_list_bytes);
   EXPECT_EQ(a.sim_memory_bytes, b.sim_memory_bytes);
   EXPECT_EQ(a.sim_devices, b.sim_devices);
@@ -128,6 +129,9 @@ const GoodCase kGoodCases[] = {
     {"expandable_segments", "false", [](const Options& o) { return !o.expandable_segments; }},
     {"expandable_segments", "False", [](const Options& o) { return !o.expandable_segments; }},
     {"expandable_segments", "0", [](const Options& o) { return !o.expandable_segments; }},
+    {"expandable_ipc", "true", [](const Options& o) { return o.expandable_ipc; }},
+    {"expandable_ipc", "True", [](const Options& o) { return o.expandable_ipc; }},
+    {"expandable_ipc", "0", [](const Options& o) { return !o.expandable_ipc; }},
     {"hot_list_mb", "0", [](const Options& o) { return o.hot_list_bytes == 0; }},
     {"hot_list_mb", "32", [](const Options& o) { return o.hot_list_bytes == 32 * MiB; }},
     {"sim_memory_mb", "1", [](const Options& o) { return o.sim_memory_bytes == 1 * MiB; }},
@@ -207,6 +211,7 @@ const BadCase kBadCases[] = {
     {"pending_history", "-1", "an unsigned integer <= 16777216"},
     {"expandable_segments", "TRUE", "true|false|True|False|1|0"},
     {"expandable_segments", "yes", "true|false|True|False|1|0"},
+    {"expandable_ipc", "on", "true|false|True|False|1|0"},
     {"hot_list_mb", "-1", "an unsigned integer (MB)"},
     {"hot_list_mb", "lots", "an unsigned integer (MB)"},
     {"sim_memory_mb", "0", "an integer >= 1 (MB)"},
@@ -240,7 +245,7 @@ TEST(OptionsTable, KeysAreTheDocumentedOnesInOrder) {
             (std::vector<std::string>{"backend", "cross_stream_reuse", "max_split_size_mb", "roundup_power2_divisions",
                                       "memory_fraction", "log_level", "audit", "audit_file", "pending_warn_ms",
                                       "poison", "quarantine_mb", "check_sync", "pending_history", "expandable_segments",
-                                      "hot_list_mb"}));
+                                      "expandable_ipc", "hot_list_mb"}));
   EXPECT_EQ(Options::keys(), Options::keys(OptionGroup::kUser)) << "the user options are the default group";
 }
 
@@ -430,7 +435,7 @@ TEST(OptionsOutput, ToConfStringRoundTrips) {
   const Options custom = Options::parse(
       "backend:sim,cross_stream_reuse:never,max_split_size_mb:300,roundup_power2_divisions:16,"
       "memory_fraction:0.123456789012345,log_level:debug,audit:trace,audit_file:/var/log/a:b,"
-      "pending_warn_ms:7,poison:alloc,quarantine_mb:3,check_sync:true,hot_list_mb:24,sim_memory_mb:96,"
+      "pending_warn_ms:7,poison:alloc,quarantine_mb:3,check_sync:true,expandable_ipc:true,hot_list_mb:24,sim_memory_mb:96,"
       "sim_devices:5");
   const std::string conf = custom.to_conf_string();
   expect_same(Options::parse(conf), custom);

@@ -473,6 +473,7 @@ TEST(SimVmm, DeviceWithoutVirtualMemorySaysSo) {
   expect_backend_error([&] { sim.unmap_unused_pages(0, &local, kPage); }, {"unmap_unused_pages", "not supported"});
   expect_backend_error([&] { sim.release_address_range(0, &local, kPage); },
                        {"release_address_range", "not supported"});
+  expect_backend_error([&] { sim.export_piece(0, &local); }, {"export_piece", "not supported"});
 }
 
 // A backend that implements only the required calls: it gets the seam's defaults for virtual memory.
@@ -506,6 +507,81 @@ TEST(SimVmm, BackendDefaultsSayNotSupported) {
   expect_backend_error([&] { backend.unmap_pages(0, &local, kPage); }, {"unmap_pages", "not supported"});
   expect_backend_error([&] { backend.unmap_unused_pages(0, &local, kPage); }, {"unmap_unused_pages", "not supported"});
   expect_backend_error([&] { backend.release_address_range(0, &local, kPage); }, {"release_address_range"});
+  expect_backend_error([&] { backend.map_pieces(0, &local, 2 * kPage, kPage); }, {"map_pages", "not supported"});
+  expect_backend_error([&] { backend.export_piece(0, &local); },
+                       {"minimal backend", "export_piece(device 0)", "cannot export"});
+}
+
+// map_pieces: a run of equal mappings, each unmapped alone if need be; all or nothing.
+TEST(SimVmm, MapPiecesMapsEqualMappingsAllOrNothing) {
+  SimBackend sim(vm_config(16 * MiB));
+  void* base = sim.reserve_address_range(0, 32 * MiB);
+  ASSERT_NE(base, nullptr);
+  ASSERT_TRUE(sim.map_pieces(0, base, 8 * MiB, kPage));
+  EXPECT_EQ(sim.mappings(0), 4u);
+  EXPECT_EQ(sim.counters().physical_allocations_created, 4u);
+  sim.unmap_pages(0, at(base, kPage), kPage);  // one piece alone
+  EXPECT_EQ(sim.mappings(0), 3u);
+  EXPECT_TRUE(sim.accessible(0, base, kPage));
+  EXPECT_FALSE(sim.accessible(0, at(base, kPage), 1));
+  // 6 MiB mapped of 16: 10 MiB fit, 12 do not; the five pieces that fit go back.
+  const MemoryView before = view(sim);
+  const SimBackend::Counters counters = sim.counters();
+  EXPECT_FALSE(sim.map_pieces(0, at(base, 8 * MiB), 12 * MiB, kPage));
+  EXPECT_EQ(view(sim), before);
+  EXPECT_EQ(sim.counters().unused_page_unmaps, counters.unused_page_unmaps + 1);
+  expect_backend_error([&] { sim.map_pieces(0, at(base, 8 * MiB), 3 * kPage, 2 * kPage); },
+                       {"map_pieces", "not a whole number of pieces"});
+  EXPECT_EQ(view(sim), before);
+  ASSERT_TRUE(sim.map_pieces(0, at(base, 8 * MiB), 10 * MiB, kPage));
+  EXPECT_EQ(sim.mapped_bytes(0), 16 * MiB);
+  sim.unmap_pages(0, base, kPage);
+  sim.unmap_pages(0, at(base, 2 * kPage), 14 * MiB);  // seven pieces side by side, one call
+  sim.release_address_range(0, base, 32 * MiB);
+  sim.validate();
+}
+
+// export_piece: one descriptor-like number per mapping, the same on every call, forgotten (closed)
+// when its mapping is unmapped; anything but a mapping's first address is an error.
+TEST(SimVmm, ExportPieceIsOneDescriptorPerMappingClosedAtUnmap) {
+  SimBackend sim(vm_config());
+  void* base = sim.reserve_address_range(0, 16 * MiB);
+  ASSERT_NE(base, nullptr);
+  ASSERT_TRUE(sim.map_pieces(0, base, 3 * kPage, kPage));
+  const int first = sim.export_piece(0, base);
+  const int second = sim.export_piece(0, at(base, kPage));
+  const int third = sim.export_piece(0, at(base, 2 * kPage));
+  EXPECT_GE(first, 0);
+  EXPECT_NE(first, second);
+  EXPECT_NE(second, third);
+  EXPECT_NE(first, third);
+  EXPECT_EQ(sim.export_piece(0, at(base, kPage)), second) << "the same descriptor on every call";
+  EXPECT_EQ(sim.counters().pieces_exported, 3u);
+  expect_backend_error([&] { sim.export_piece(0, at(base, MiB)); }, {"export_piece", "no mapping starts there"});
+  expect_backend_error([&] { sim.export_piece(0, at(base, 4 * kPage)); }, {"export_piece", "no mapping starts there"});
+  sim.unmap_pages(0, base, kPage);
+  EXPECT_EQ(sim.counters().exports_closed, 1u);
+  expect_backend_error([&] { sim.export_piece(0, base); }, {"no mapping starts there"});
+  sim.unmap_pages(0, at(base, kPage), 2 * kPage);
+  EXPECT_EQ(sim.counters().exports_closed, 3u);
+  ASSERT_TRUE(sim.map_pages(0, base, kPage));
+  EXPECT_NE(sim.export_piece(0, base), first) << "a new mapping, a new descriptor";
+  sim.unmap_pages(0, base, kPage);
+  sim.release_address_range(0, base, 16 * MiB);
+}
+
+TEST(SimVmm, ExportPieceSaysSoWhereTheDriverRefusesExportableMemory) {
+  SimBackend::Config config = vm_config();
+  config.exportable_pieces = false;
+  SimBackend sim(config);
+  void* base = sim.reserve_address_range(0, 4 * MiB);
+  ASSERT_NE(base, nullptr);
+  ASSERT_TRUE(sim.map_pages(0, base, kPage));
+  expect_backend_error([&] { sim.export_piece(0, base); }, {"export_piece", "cannot be exported"});
+  EXPECT_EQ(sim.counters().pieces_exported, 0u);
+  sim.unmap_pages(0, base, kPage);
+  EXPECT_EQ(sim.counters().exports_closed, 0u);
+  sim.release_address_range(0, base, 4 * MiB);
 }
 
 TEST(SimVmm, FaultBackendInjectsMapRefusalsAndErrors) {

@@ -1,8 +1,10 @@
 // Expandable segments on a real device (docs/design.md, "Expandable segments"): blocks carved from a
 // segment that grew by mapped pieces hold what kernels write into them, the segment grows in place,
 // memory_info follows the mapped bytes as the segment grows (a 100 MiB growth: exactly) and as
-// empty_cache() unmaps its free end, and a block freed while another stream still works on it is
-// neither reused nor unmapped early.
+// empty_cache() unmaps its free end, a block freed while another stream still works on it is neither
+// reused nor unmapped early, and with expandable_ipc a block's pieces (one page each) are exported as POSIX file
+// descriptors for another process, open while the block is live and closed when they are unmapped.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -121,6 +123,41 @@ TEST_F(GpuExpandable, GrowthOf100MiBCostsExactlyTheMappedBytes) {
   al().empty_cache();
   EXPECT_EQ(reserved(), 0);
   EXPECT_EQ(free_bytes(), before) << "free memory did not come back to what it was";
+}
+
+TEST_F(GpuExpandable, ABlocksPagesAreExportedAsDescriptorsOpenWhileTheyAreMapped) {
+  allocator_ = std::make_unique<Allocator>(
+      Options::parse("expandable_segments:true,expandable_ipc:true,log_level:warn"), backend_);
+  TestStream stream;
+  const std::size_t page = backend_->vm_granularity(0);
+  void* head = al().allocate(3 * MiB, 0, stream.id());
+  void* shared_block = al().allocate(5 * MiB, 0, stream.id());  // from 3 MiB into the segment
+  const SharedPieces shared = al().share_pieces(shared_block);
+  ASSERT_FALSE(shared.pieces.empty());
+  const auto block = reinterpret_cast<std::uintptr_t>(shared_block);
+  EXPECT_EQ(shared.pieces.front().address + shared.offset, block);
+  EXPECT_LT(shared.offset, page);
+  EXPECT_GE(shared.pieces.back().address + page, block + 5 * MiB);
+  for (std::size_t i = 0; i < shared.pieces.size(); ++i) {
+    EXPECT_EQ(shared.pieces[i].bytes, page);
+    EXPECT_EQ(shared.pieces[i].address, shared.pieces.front().address + i * page);
+    EXPECT_NE(fcntl(shared.pieces[i].fd, F_GETFD), -1) << "piece " << i << ": not an open descriptor";
+  }
+  const SharedPieces again = al().share_pieces(shared_block);
+  for (std::size_t i = 0; i < shared.pieces.size(); ++i) EXPECT_EQ(again.pieces[i].fd, shared.pieces[i].fd);
+  write_and_check(shared_block, 5 * MiB / 4, 9, stream);
+  al().deallocate(head, 0, 0, stream.id());
+  al().empty_cache();
+  for (const SharedPieces::Piece& piece : shared.pieces) {
+    EXPECT_NE(fcntl(piece.fd, F_GETFD), -1) << "a live block's piece stays mapped and exported";
+  }
+  write_and_check(shared_block, 5 * MiB / 4, 10, stream);
+  al().deallocate(shared_block, 0, 0, stream.id());
+  al().empty_cache();
+  EXPECT_EQ(reserved(), 0);
+  for (const SharedPieces::Piece& piece : shared.pieces) {
+    EXPECT_EQ(fcntl(piece.fd, F_GETFD), -1) << "closed with its piece";
+  }
 }
 
 TEST_F(GpuExpandable, BlockInUseOnAnotherStreamIsNeitherReusedNorUnmappedEarly) {

@@ -5,6 +5,7 @@
 // back on unmap, a map beyond the free memory returns false and leaks nothing, misuse (cutting a
 // mapping included) is a clear error, mapping and unmap_unused_pages work during a graph capture and
 // unmap_pages does not. Kernel-free: the memory is checked with cudaMemset and cudaMemcpy.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -114,6 +115,30 @@ TEST_F(GpuVmm, PiecesOfTwentyMiBSideBySide) {
   backend().unmap_pages(0, at(base, 4 * piece), piece);
   EXPECT_GE(free_bytes() + kSlack, before) << "unmapping gave the memory back";
   backend().release_address_range(0, base, 5 * piece);
+}
+
+// map_pieces: one physical allocation per piece, usable as one run, each unmapped alone; each exports as
+// a POSIX file descriptor, the same on every call, closed when the piece is unmapped.
+TEST_F(GpuVmm, MapPiecesAreEqualMappingsEachExportable) {
+  void* base = backend().reserve_address_range(0, 8 * page());
+  ASSERT_NE(base, nullptr);
+  ASSERT_TRUE(backend().map_pieces(0, base, 4 * page(), page()));
+  EXPECT_TRUE(fill_and_read_back(base, 4 * page(), 0x3C));
+  std::vector<int> fds;
+  for (std::size_t i = 0; i < 4; ++i) {
+    const int fd = backend().export_piece(0, at(base, i * page()));
+    EXPECT_GE(fd, 0);
+    EXPECT_NE(fcntl(fd, F_GETFD), -1);
+    EXPECT_EQ(backend().export_piece(0, at(base, i * page())), fd) << "the same descriptor on every call";
+    fds.push_back(fd);
+  }
+  expect_backend_error([&] { backend().export_piece(0, at(base, page() / 2)); }, "no mapping starts there");
+  backend().unmap_pages(0, at(base, page()), page());  // one piece alone
+  EXPECT_EQ(fcntl(fds[1], F_GETFD), -1) << "closed with its piece";
+  EXPECT_TRUE(fill_and_read_back(at(base, 2 * page()), 2 * page(), 0x5A));
+  backend().unmap_pages(0, base, page());
+  backend().unmap_pages(0, at(base, 2 * page()), 2 * page());
+  backend().release_address_range(0, base, 8 * page());
 }
 
 TEST_F(GpuVmm, MemoryInfoDropsByTheMappedBytesAndUnmapGivesThemBack) {

@@ -2,8 +2,10 @@
 spawned consumer, each under PyTorch's allocator or streamalloc, with fixed and expandable segments.
 Values are checked both ways (the consumer reads the producer's tensor, writes into it, and sends a
 tensor of its own back); 1000 tensors round-trip with no growth of reserved memory; a consumer that dies
-holding a tensor leaves the producer working. What is not supported (streamalloc's expandable segments
-as producer, the C ABI path) raises at the call, within a second, naming what is unsupported.
+holding a tensor leaves the producer working. Expandable segments share as PyTorch's do ('e' handles: the
+pieces under a block as file descriptors), from either allocator's producer to either consumer
+(streamalloc's with expandable_ipc). What is not supported (streamalloc's expandable segments without
+that option, the C ABI path) raises at the call, within a second, naming what is unsupported.
 
 Run on a CUDA machine after building:
     STREAMALLOC_LIBRARY_DIR=$PWD/build/lib PYTHONPATH=$PWD/torch_plugin \\
@@ -51,23 +53,39 @@ def check_working(run: ProbeRun) -> None:
 
 @pytest.mark.parametrize("producer,consumer", MIXES, ids=[f"{p}-to-{c}" for p, c in MIXES])
 def test_fixed_segments_every_mix(producer, consumer):
-    check_working(probe(producer, consumer))
+    run = probe(producer, consumer)
+    check_working(run)
+    assert run.facts("share")["handle_type"] == "c", run.facts("share")
 
 
 @pytest.mark.parametrize("consumer", ["native", "streamalloc"])
 def test_pytorch_expandable_segments_producer(consumer):
     """PyTorch's producer shares expandable segments as file descriptors ('e' handles): a streamalloc
     consumer maps them as PyTorch's would."""
-    check_working(probe("native", consumer, native_expandable=True))
+    run = probe("native", consumer, native_expandable=True)
+    check_working(run)
+    assert run.facts("share")["handle_type"] == "e", run.facts("share")
 
 
 @pytest.mark.parametrize("consumer", ["native", "streamalloc"])
-def test_streamalloc_expandable_segments_producer_refuses_at_the_call(consumer):
-    run = probe("streamalloc", consumer, "expandable_segments:true")
+def test_streamalloc_expandable_segments_producer(consumer):
+    """With expandable_ipc, streamalloc's producer shares a block of its expandable segments as PyTorch's
+    'e' handle (one page per piece): PyTorch's consumer and streamalloc's map it; a MemPool's fixed
+    segments in the same process still share as 'c' handles."""
+    run = probe("streamalloc", consumer, "expandable_segments:true,expandable_ipc:true")
+    check_working(run)
+    assert run.facts("share")["handle_type"] == "e", run.facts("share")
+    for row in run.facts("roundtrip_mempool")["rows"]:
+        assert row["consumer_saw_values"] and row["consumer_write_seen"] and row["sent_back_values"], row
+
+
+def test_streamalloc_expandable_segments_without_expandable_ipc_refuse_at_the_call():
+    """Without expandable_ipc a growth is one physical allocation, which PyTorch's format cannot describe:
+    sharing raises at the call, naming the option, and the MemPool's fixed segments still share."""
+    run = probe("streamalloc", "native", "expandable_segments:true")
     share = run.facts("share")
     assert not share["shared"] and share["seconds"] < 1.0, share
-    assert "expandable segments" in share["message"] and "not supported" in share["message"], share
-    # The way out the message names: a MemPool's fixed segments share as any fixed segment.
+    assert "expandable_ipc:true" in share["message"], share
     for row in run.facts("roundtrip_mempool")["rows"]:
         assert row["consumer_saw_values"] and row["consumer_write_seen"] and row["sent_back_values"], row
     assert run.result()["behaviours"]["consumer_exit"] == 0, run.tails()

@@ -15,6 +15,8 @@
 namespace streamalloc::testing {
 
 inline constexpr const char* kOn = "expandable_segments:true";
+// Expandable segments whose blocks can be sent to another process: one page per piece.
+inline constexpr const char* kShareable = "expandable_segments:true,expandable_ipc:true";
 inline constexpr std::size_t kPage = 2 * MiB;  // the simulated device's granularity
 
 inline std::uintptr_t addr(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }

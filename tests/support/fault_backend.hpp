@@ -105,6 +105,7 @@ class FaultBackend final : public Backend {
   void unmap_unused_pages(int device, void* at, std::size_t bytes) override {
     inner_->unmap_unused_pages(device, at, bytes);
   }
+  int export_piece(int device, void* piece) override { return inner_->export_piece(device, piece); }
   void release_address_range(int device, void* base, std::size_t bytes) override {
     trip(vm_countdown_, VmOp::kReleaseAddressRange, "release_address_range");
     inner_->release_address_range(device, base, bytes);

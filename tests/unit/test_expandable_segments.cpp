@@ -1,13 +1,16 @@
 // ExpandableSegments on its own (expandable_segments.hpp), over the parts of a cache
 // (tests/support/cache_parts.hpp): on only where the option is and the device maps virtual memory; one
 // growing segment per (stream, size class), forgotten when released; a growth extends the stream's free
-// last block by what it lacks, and a trim gives whole pieces back.
+// last block by what it lacks, and a trim gives whole pieces back. SegmentPieces finds the pieces that hold a range's bytes.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdint>
+#include <vector>
 
 #include "cache_parts.hpp"
 #include "expandable_segments.hpp"
+#include "segment_pieces.hpp"
 #include "segment_source.hpp"
 #include "streamalloc/sim_backend.hpp"
 
@@ -95,6 +98,23 @@ TEST(ExpandableSegments, AGrowthExtendsTheFreeLastBlockAndATrimGivesTheSegmentBa
   EXPECT_EQ(parts.segments.reserved_bytes(), 0u);
   EXPECT_EQ(parts.ledger.stats().reserved_bytes[0].current, 0);
   EXPECT_EQ(parts.pool.free.settled_count(), 0u);
+}
+
+TEST(SegmentPieces, ThePiecesHoldingARangeInAddressOrder) {
+  SegmentPieces pieces;
+  for (std::uintptr_t at : {0x10000u, 0x12000u, 0x14000u, 0x18000u}) pieces.add(at, 0x2000);  // a hole at 0x16000
+  std::vector<std::uintptr_t> seen;
+  auto holding = [&](std::uintptr_t begin, std::uintptr_t end) {
+    seen.clear();
+    pieces.for_each_holding(begin, end, [&](std::uintptr_t address, std::size_t) { seen.push_back(address); });
+    return seen;
+  };
+  EXPECT_EQ(holding(0x11000, 0x13000), (std::vector<std::uintptr_t>{0x10000, 0x12000})) << "straddling a boundary";
+  EXPECT_EQ(holding(0x12000, 0x14000), (std::vector<std::uintptr_t>{0x12000})) << "exactly one piece";
+  EXPECT_EQ(holding(0x12800, 0x12900), (std::vector<std::uintptr_t>{0x12000})) << "inside one piece";
+  EXPECT_EQ(holding(0x10000, 0x1a000), (std::vector<std::uintptr_t>{0x10000, 0x12000, 0x14000, 0x18000}));
+  EXPECT_TRUE(holding(0x16000, 0x18000).empty()) << "the hole";
+  EXPECT_TRUE(holding(0x1a000, 0x1b000).empty()) << "past the end";
 }
 
 }  // namespace

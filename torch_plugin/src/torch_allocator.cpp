@@ -317,27 +317,19 @@ void* TorchAllocator::getBaseAllocation(void* ptr, size_t* size) {
 
 // ---- CUDA IPC ----
 
+// As PyTorch's allocator: a block of a fixed segment is shared as its cudaMalloc allocation ('c'), a
+// block of an expandable segment as the pieces under it ('e', descriptors this process keeps open while
+// the block is live; PyTorch's producer-side reference counting keeps it live while a consumer uses it).
 c10::cuda::CUDACachingAllocator::ShareableHandle TorchAllocator::shareIpcHandle(void* ptr) {
   streamalloc::Allocator* core = this->core();
   TORCH_CHECK(core != nullptr, "streamalloc: cannot share ", ptr,
               " with another process: streamalloc has not "
               "allocated anything yet");
-  // Expandable first: the core refuses their base with a message that does not name the way out.
   const int device = core->device_of(ptr);
-  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-  bool expandable = false;
-  for (const SegmentInfo& segment : core->segments(device)) {  // every device's when it is not live
-    if (segment.expandable && address >= segment.address && address < segment.address + segment.total_size) {
-      expandable = true;
-      break;
-    }
-  }
-  TORCH_CHECK(!expandable,
-              "streamalloc: sharing a CUDA tensor with another process (CUDA IPC) is not supported for memory in "
-              "streamalloc's expandable segments (expandable_segments:true): PyTorch's handle format describes "
-              "equal pieces, and streamalloc maps pieces of varying size. Allocate the tensors to share inside "
-              "`with torch.cuda.use_mem_pool(torch.cuda.MemPool()):` (private pools use fixed segments), or run "
-              "without expandable_segments.");
+  TORCH_CHECK(device >= 0, "streamalloc: cannot share ", ptr,
+              " with another process: it is not the start of a block streamalloc allocated");
+  const SharedPieces shared = torch_errors([&] { return core->share_pieces(ptr); });
+  if (!shared.pieces.empty()) return share_expandable_pieces(shared);
   std::size_t size = 0;
   void* base = core->segment_base(ptr, &size);
   TORCH_CHECK(base != nullptr, "streamalloc: cannot share ", ptr,

@@ -203,6 +203,37 @@ c10::cuda::CUDACachingAllocator::ShareableHandle share_cuda_malloc_segment(void*
   return {offset, std::move(bytes)};
 }
 
+c10::cuda::CUDACachingAllocator::ShareableHandle share_expandable_pieces(const streamalloc::SharedPieces& shared) {
+  TORCH_CHECK(!shared.pieces.empty(), "streamalloc: sharing a block of an expandable segment: no pieces under it");
+  const std::size_t piece_bytes = shared.pieces.front().bytes;
+  for (std::size_t i = 0; i < shared.pieces.size(); ++i) {
+    const streamalloc::SharedPieces::Piece& piece = shared.pieces[i];
+    // PyTorch's format describes a run of equal pieces side by side; streamalloc maps every piece as
+    // one page, so anything else is a broken invariant, not a case to encode.
+    TORCH_CHECK(
+        piece.bytes == piece_bytes && piece.address == shared.pieces.front().address + i * piece_bytes && piece.fd >= 0,
+        "streamalloc: sharing a block of an expandable segment: its pieces are not a run of equal, exported "
+        "pieces (piece ",
+        i, ": ", piece.bytes, " bytes, descriptor ", piece.fd, ")");
+  }
+  // PyTorch's header, padding zeroed: the consumer caches what it opened by the handle's bytes.
+  ExpandableHeader header;
+  std::memset(&header, 0, sizeof header);
+  header.pid = getpid();
+  header.piece_bytes = piece_bytes;
+  header.pieces = shared.pieces.size();
+  std::string bytes;
+  bytes.reserve(2 + sizeof header + shared.pieces.size() * sizeof(int));
+  bytes.push_back(kIpcHandleVersion);
+  bytes.push_back(kIpcExpandable);
+  bytes.append(reinterpret_cast<const char*>(&header), sizeof header);
+  for (const streamalloc::SharedPieces::Piece& piece : shared.pieces) {
+    const int fd = piece.fd;
+    bytes.append(reinterpret_cast<const char*>(&fd), sizeof fd);
+  }
+  return {static_cast<std::ptrdiff_t>(shared.offset), std::move(bytes)};
+}
+
 std::shared_ptr<void> IpcImports::open(const std::string& handle) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto found = opened_.find(handle);

@@ -19,6 +19,8 @@
 
 #include <c10/cuda/CUDACachingAllocator.h>
 
+#include "streamalloc/blocks.hpp"
+
 namespace streamalloc::torch {
 
 // PyTorch's version byte and type bytes (c10/cuda/CUDACachingAllocator.cpp).
@@ -29,6 +31,13 @@ inline constexpr char kIpcExpandable = 'e';
 // The 'c' handle of the cudaMalloc allocation holding `segment_base` (the current device's), for a block
 // at `offset` from `segment_base`; the handle's offset is from the allocation's base.
 c10::cuda::CUDACachingAllocator::ShareableHandle share_cuda_malloc_segment(void* segment_base, std::ptrdiff_t offset);
+
+// The 'e' handle of a block in one of streamalloc's expandable segments, from the pieces under it
+// (streamalloc::Allocator::share_pieces: equal, side by side, each exported as a POSIX file descriptor
+// this process keeps open while the block is live): PyTorch's header (this process's id, the piece
+// size, the number of pieces) then each piece's descriptor; the handle's offset is the block's from the
+// first piece, where the consumer's mapping of the pieces starts.
+c10::cuda::CUDACachingAllocator::ShareableHandle share_expandable_pieces(const streamalloc::SharedPieces& shared);
 
 // The consumer side: each handle is opened once per process and closed when the last storage built on
 // it dies, as PyTorch's allocator does (a cudaIpcMemHandle_t can be opened only once per process).

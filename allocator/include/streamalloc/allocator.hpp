@@ -165,8 +165,16 @@ class Allocator {
   int device_of(const void* ptr) const;
   // Size requested for a live pointer, or 0.
   std::size_t requested_size_of(const void* ptr) const;
-  // Base address and size of the segment holding `ptr` (live or not), or nullptr.
+  // Base address and size of the fixed segment holding `ptr` (live or not), or nullptr; an address in
+  // an expandable segment is refused (kInvalidArgument): share_pieces describes those.
   void* segment_base(const void* ptr, std::size_t* size) const;
+  // The pieces of physical memory under the live block at `ptr` (its first byte), exported for another
+  // process (streamalloc/blocks.hpp, SharedPieces; empty `pieces` for a block of a fixed segment). The
+  // block stays live while another process uses it, so its pieces stay mapped: the caller keeps it
+  // allocated until then (PyTorch's producer-side reference counting does). Throws kInvalidArgument,
+  // changing nothing, when `ptr` is not the start of a live block; the backend's kBackend when it cannot
+  // export the pieces (the backend keeps the descriptors it made for pieces before the refused one).
+  SharedPieces share_pieces(const void* ptr);
   // Largest free block and total cached free bytes (PyTorch's cacheInfo), per device.
   void cache_info(int device, std::size_t* largest_free_block, std::size_t* total_cached) const;
 

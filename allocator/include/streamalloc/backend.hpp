@@ -113,12 +113,12 @@ class Backend {
   // The groundwork of segments that grow in place (PyTorch's expandable segments). A range of device
   // addresses is reserved with no memory behind it; physical memory is then mapped into it and unmapped
   // from it. Each map_pages() call creates ONE physical allocation (a mapping), of any whole number of
-  // pages of vm_granularity() bytes, and a mapping is only ever unmapped whole: the driver cannot give
-  // back part of a physical allocation, and one allocation per call keeps a growth's cost per call, not
-  // per page. Misuse (a size or address that is not whole pages, pages outside a reserved range, mapping
-  // over a mapping, unmapping bytes that are not exactly whole mappings, releasing a range with anything
-  // still mapped) throws Error(kBackend) and changes nothing. docs/design.md, "Virtual memory seam", says
-  // what the calls are for.
+  // pages of vm_granularity() bytes; map_pieces() creates a run of equal ones; a mapping is only ever
+  // unmapped whole (the driver cannot give back part of a physical allocation) and is what
+  // export_piece() hands to another process. Misuse (a size or address that is not whole pages, pages
+  // outside a reserved range, mapping over a mapping, unmapping bytes that are not exactly whole
+  // mappings, releasing a range with anything still mapped) throws Error(kBackend) and changes nothing.
+  // docs/design.md, "Virtual memory seam", says what the calls are for.
 
   // True when `device` can reserve address ranges and map memory into them. The other calls below
   // throw Error(kBackend) on a device where this is false.
@@ -147,6 +147,14 @@ class Backend {
     (void)bytes;
     unsupported("map_pages", device);
   }
+  // map_pages for a run of equal mappings: [at, at + bytes) mapped as bytes / piece_bytes physical
+  // allocations of `piece_bytes` each (`bytes` a positive multiple of it, both whole pages), side by side,
+  // each unmapped only whole and exportable on its own (export_piece). All or nothing: false, with
+  // nothing left created or mapped, when the device has not enough free memory; an error likewise
+  // leaves nothing. The default maps them one map_pages call at a time and takes back what it mapped
+  // (unmap_unused_pages) when one is refused or fails; a backend may make them with fewer calls (the
+  // CUDA backend grants access to the whole run at once). Works while a stream captures a graph.
+  virtual bool map_pieces(int device, void* at, std::size_t bytes, std::size_t piece_bytes);
   // Unmap [at, at + bytes), which must be exactly one or more whole mappings side by side (cutting a
   // mapping is misuse), and give their memory back to the device. Like release(), it may synchronize
   // the device first (the CUDA backend does: unmapping does not wait for work still using the memory),
@@ -165,6 +173,18 @@ class Backend {
     (void)bytes;
     unsupported("unmap_unused_pages", device);
   }
+  // The mapping that starts at `piece` (one physical allocation, from map_pages or map_pieces) as a
+  // POSIX file descriptor another process can import (CUDA's CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+  // PyTorch's expandable-segment IPC handles). The descriptor is the backend's: made on the first call
+  // for a mapping, the same number on every later call, closed when the mapping is unmapped; the caller
+  // never closes it. Throws Error(kBackend), changing nothing, where mappings cannot be exported (the
+  // default: no backend support; the CUDA backend: a driver or device that refused exportable memory)
+  // or when `piece` is not the start of a mapping.
+  virtual int export_piece(int device, void* piece) {
+    (void)piece;
+    throw Error(ErrorCode::kBackend, name() + " backend: export_piece(device " + std::to_string(device) +
+                                         "): this backend cannot export mapped memory to another process");
+  }
   // Give back a range from reserve_address_range(): its base and size exactly, nothing mapped in it.
   virtual void release_address_range(int device, void* base, std::size_t bytes) {
     (void)base;
@@ -178,6 +198,32 @@ class Backend {
                                          "): virtual memory is not supported (ask supports_virtual_memory() first)");
   }
 };
+
+inline bool Backend::map_pieces(int device, void* at, std::size_t bytes, std::size_t piece_bytes) {
+  if (piece_bytes == 0 || bytes == 0 || bytes % piece_bytes != 0) {
+    throw Error(ErrorCode::kBackend, name() + " backend: map_pieces(device " + std::to_string(device) + ", " +
+                                         std::to_string(bytes) + " bytes in pieces of " + std::to_string(piece_bytes) +
+                                         "): not a whole number of pieces");
+  }
+  const auto base = reinterpret_cast<std::uintptr_t>(at);
+  std::size_t mapped = 0;
+  try {
+    for (; mapped < bytes; mapped += piece_bytes) {
+      if (!map_pages(device, reinterpret_cast<void*>(base + mapped), piece_bytes)) break;
+    }
+  } catch (...) {
+    // Fresh memory, no work used it. Should taking it back fail too, the first error is the one that
+    // counts: those mappings stay mapped, as a failed unmap leaves them.
+    try {
+      if (mapped > 0) unmap_unused_pages(device, at, mapped);
+    } catch (const Error&) {
+    }
+    throw;
+  }
+  if (mapped == bytes) return true;
+  if (mapped > 0) unmap_unused_pages(device, at, mapped);
+  return false;
+}
 
 // The calling thread in relaxed capture mode for a scope (Backend::relax_capture_mode), then back in
 // the mode it had.

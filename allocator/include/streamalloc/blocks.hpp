@@ -46,6 +46,22 @@ struct SegmentInfo {
   std::vector<BlockInfo> blocks;  // in address order
 };
 
+// How a live block of an expandable segment lies in physical memory, for sending it to another
+// process (CUDA IPC as PyTorch's expandable segments do it, Allocator::share_pieces): the pieces (each
+// one physical allocation of one page) that hold a byte of the block, side by side in address order,
+// each with the POSIX file descriptor the backend exported it as (the backend's: open while the piece
+// is mapped, which it stays while the block is live); the block starts `offset` bytes into the first.
+// `pieces` is empty for a block of a fixed segment (Allocator::segment_base shares those).
+struct SharedPieces {
+  struct Piece {
+    std::uintptr_t address = 0;
+    std::size_t bytes = 0;
+    int fd = -1;
+  };
+  std::vector<Piece> pieces;
+  std::size_t offset = 0;
+};
+
 const char* to_string(BlockInfo::State state);  // "active_allocated" | "active_pending_free" | "inactive"
 
 }  // namespace streamalloc

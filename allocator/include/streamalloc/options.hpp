@@ -62,6 +62,10 @@ struct Options {
   // expandable_segments:True (docs/design.md, "Expandable segments"); fixed segments where the backend
   // has no virtual memory.
   bool expandable_segments = false;
+  // Expandable segments map each page of a growth as its own physical allocation, so that a block in
+  // one can be sent to another process in PyTorch's format (a run of equal pieces); off, a growth is one
+  // physical allocation and sharing such a block is refused at the call.
+  bool expandable_ipc = false;
   // While a stream's hot list holds less than this, a small miss takes a new segment rather than merge
   // the stream's own hot blocks back into the free lists (docs/design.md, "The allocation path",
   // step 2): more memory reserved, for sizes that vary more than the cached memory holds. 0 = never.

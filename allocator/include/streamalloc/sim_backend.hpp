@@ -40,7 +40,10 @@
 //   fills is reserved or mapped memory, and accessible() is the same check for tests. unmap_pages
 //   synchronizes the device and is refused during a capture, as release is; unmap_unused_pages,
 //   reserving, mapping and releasing a range work during one, as on CUDA. Mapped pages read as zero
-//   here; on a device their contents are undefined.
+//   here; on a device their contents are undefined. export_piece hands out a descriptor-like number per
+//   mapping (unique in the backend, the same on every call for that mapping), closed, that is
+//   forgotten and counted, when the mapping is unmapped; Config::exportable_pieces false models a
+//   driver that refuses exportable memory (export_piece throws, nothing changes).
 //
 // Work functions run on the thread that advances the stream, with no backend lock held; they must
 // not call back into the backend.
@@ -73,6 +76,7 @@ class SimBackend final : public Backend {
     // on every run (a replay's outcome can depend on it: best fit and coalescing order by address).
     // Otherwise reservations come from the host's heap and mappings where the host puts them.
     bool fixed_addresses = false;
+    bool exportable_pieces = true;  // export_piece works; false: it throws, as without driver support
   };
 
   struct Counters {  // COUNT of backend calls, for tests that check batching and host syncs
@@ -96,6 +100,8 @@ class SimBackend final : public Backend {
     std::uint64_t map_refusals = 0;                   // map_pages calls that returned false (device full, or injected)
     std::uint64_t page_unmaps = 0;                    // unmap_pages calls
     std::uint64_t unused_page_unmaps = 0;             // unmap_unused_pages calls
+    std::uint64_t pieces_exported = 0;                // descriptors export_piece made (one per mapping)
+    std::uint64_t exports_closed = 0;                 // of those, closed because their mapping was unmapped
   };
 
   SimBackend();
@@ -130,6 +136,7 @@ class SimBackend final : public Backend {
   void unmap_pages(int device, void* at, std::size_t bytes) override;
   void unmap_unused_pages(int device, void* at, std::size_t bytes) override;
   void release_address_range(int device, void* base, std::size_t bytes) override;
+  int export_piece(int device, void* piece) override;
 
   // ---- simulation control (tests, demo, replay) ----
   Stream create_stream(int device = 0);

@@ -124,8 +124,11 @@ def main() -> None:
         tensor = torch.ones(1 << 22, device="cuda")
         start = time.monotonic()
         try:
-            torch.multiprocessing.reductions.reduce_tensor(tensor)
-            return {"shared": True, "seconds": time.monotonic() - start}
+            _, args = torch.multiprocessing.reductions.reduce_tensor(tensor)
+            seconds = time.monotonic() - start
+            handle = args[7]  # the storage's handle: a version byte, then 'c' (cudaMalloc) or 'e' (expandable)
+            kind = chr(handle[1]) if isinstance(handle, bytes) and len(handle) >= 2 else None
+            return {"shared": True, "seconds": seconds, "handle_type": kind}
         except Exception as error:  # noqa: BLE001
             return {"shared": False, "seconds": time.monotonic() - start, "type": type(error).__name__,
                     "message": str(error)[:600]}
@@ -133,8 +136,8 @@ def main() -> None:
     behaviour(facts, "share", time_share)
     if args.consumer != "native":
         # PyTorch's allocator settings configure the producer's allocator. A streamalloc consumer would follow
-        # them too (docs/pytorch.md, "PyTorch's allocator settings"), and memory in its expandable segments
-        # cannot be sent back; its own segments are set by --consumer-conf alone.
+        # them too (docs/pytorch.md, "PyTorch's allocator settings"); its own segments are set by
+        # --consumer-conf alone.
         os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     child = Child(ctx, args.consumer, args.consumer_conf)
 
@@ -165,6 +168,7 @@ def main() -> None:
         return roundtrip(pool)
 
     if args.producer == "streamalloc" and "expandable" in args.producer_conf:
+        # A MemPool's fixed segments beside the default pool's expandable ones: both kinds of handle.
         behaviour(facts, "roundtrip_mempool", roundtrip_mempool)
     if not facts["share"].get("shared"):
         # A multiprocessing queue pickles in a background thread: a message that cannot be pickled never
