@@ -50,9 +50,15 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
     // An expandable segment holds all of a stream's blocks of a size class, so hot blocks left out of
     // the best fit would fragment it: there the hot list joins the free lists first, merged with its
     // neighbours, so that the best fit below sees the free memory it would see without the hot list
-    // (docs/design.md, "Expandable segments", "Packing"). In fixed segments the hot list stays: a miss
-    // of one size leaves the stream's other sizes cached.
-    if (expandable_.grows(pool)) free_.flush_hot(own);
+    // (docs/design.md, "Expandable segments", "Packing"). In fixed segments a large miss does the same
+    // with the stream's large hot blocks: one left out of the best fit makes it carve a larger free
+    // run, and the pieces strand memory that a later large request needs in one run. A small miss keeps
+    // the stream's hot blocks: its other sizes stay cached.
+    if (expandable_.grows(pool)) {
+      free_.flush_hot(own);
+    } else if (kind == SizeClass::kLarge) {
+      free_.flush_hot(own, SizeClass::kLarge);
+    }
   }
   // A poll of the miss path below puts the blocks it releases in their allocation streams' hot lists:
   // the allocating stream's may serve it.

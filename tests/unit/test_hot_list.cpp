@@ -124,16 +124,24 @@ TEST_F(HotLists, ServeEverySizeFreedBeforeWithoutTheDeviceLock) {
   }
 }
 
-TEST_F(HotLists, ARequestOfAnotherSizeLeavesTheHotBlocksAndCountsWhatTheFreeListsCount) {
+// A large request the hot list does not serve merges the stream's large hot blocks into the free lists
+// before the best fit, which then splits the merged free memory as PyTorch's allocator would (its best
+// fit sees every free block): the 6 MiB block and the rest of its 20 MiB segment serve 5 MiB from the
+// segment's start, and no new segment is reserved.
+TEST_F(HotLists, ALargeMissMergesTheStreamsLargeHotBlocksBeforeTheBestFit) {
   void* big = a().allocate(6 * MiB, 0, s_);
   a().deallocate(big, 6 * MiB, 0, s_);  // hot
+  const DeviceStats before = stats();
   void* p = a().allocate(5 * MiB + 1, 0, s_);
-  EXPECT_NE(p, big) << "PyTorch would split the merged free memory, not hand out 6 MiB";
+  EXPECT_EQ(p, big) << "the merged free memory is split at the segment's start";
   EXPECT_EQ(stats().allocated_bytes[0].current, static_cast<std::int64_t>(5 * MiB + 512));
+  EXPECT_EQ(stats().segment[0].current, before.segment[0].current) << "no new segment";
+  EXPECT_EQ(stats().hot_list_flushes, before.hot_list_flushes + 1);
   ASSERT_NO_THROW(a().validate());
   a().deallocate(p, 5 * MiB + 1, 0, s_);
   void* q = a().allocate(6 * MiB, 0, s_);
-  EXPECT_EQ(q, big) << "the stream's other size stayed hot through the miss";
+  EXPECT_EQ(q, big);
+  EXPECT_EQ(stats().segment[0].current, before.segment[0].current);
   a().deallocate(q, 6 * MiB, 0, s_);
   ASSERT_NO_THROW(a().validate());
 }
