@@ -79,8 +79,7 @@ Block* ExpandableSegments::grow(SizeClass kind, std::size_t size, Stream stream,
     const std::size_t bytes = round_up(extend ? size - tail->size : size, page);
     if (segment->span() + bytes <= segment->address_range) {
       if (p_.segments.reserved_bytes() + bytes > cap) return nullptr;
-      Block* added =
-          p_.segments.grow(segment, bytes, piece_bytes(kind, page, bytes, near_cap(bytes), page_pieces));
+      Block* added = p_.segments.grow(segment, bytes, piece_bytes(kind, page, bytes, near_cap(bytes), page_pieces));
       if (added == nullptr) return nullptr;
       if (p_.aids != nullptr) {
         p_.aids->on_segment_pages(TraceAction::kSegmentMap, *segment, added->address, bytes);

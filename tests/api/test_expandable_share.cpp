@@ -1,9 +1,9 @@
 // Expandable segments (docs/design.md, "Expandable segments"), sharing a block with another process:
-// with expandable_ipc, share_pieces gives the pieces (one page each) that hold the block's bytes, in address order, each
-// exported once (the same descriptor on every call, closed when the piece is unmapped), and the block's
-// offset into the first; a fixed segment's block has none (segment_base shares it); bad input and a
-// backend that cannot export are errors that change nothing. A shared block is live, so a trim keeps
-// its pieces. Without expandable_ipc a growth is one piece of any size, and sharing is refused.
+// with expandable_ipc, share_pieces gives the pieces (one page each) that hold the block's bytes, in address order,
+// each exported once (the same descriptor on every call, closed when the piece is unmapped), and the block's offset
+// into the first; a fixed segment's block has none (segment_base shares it); bad input and a backend that cannot export
+// are errors that change nothing. A shared block is live, so a trim keeps its pieces. Without expandable_ipc a growth
+// is one piece of any size, and sharing is refused.
 #include <gtest/gtest.h>
 
 #include <memory>

@@ -435,7 +435,8 @@ TEST(OptionsOutput, ToConfStringRoundTrips) {
   const Options custom = Options::parse(
       "backend:sim,cross_stream_reuse:never,max_split_size_mb:300,roundup_power2_divisions:16,"
       "memory_fraction:0.123456789012345,log_level:debug,audit:trace,audit_file:/var/log/a:b,"
-      "pending_warn_ms:7,poison:alloc,quarantine_mb:3,check_sync:true,expandable_ipc:true,hot_list_mb:24,sim_memory_mb:96,"
+      "pending_warn_ms:7,poison:alloc,quarantine_mb:3,check_sync:true,expandable_ipc:true,hot_list_mb:24,sim_memory_mb:"
+      "96,"
       "sim_devices:5");
   const std::string conf = custom.to_conf_string();
   expect_same(Options::parse(conf), custom);

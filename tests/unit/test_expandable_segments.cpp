@@ -1,7 +1,8 @@
 // ExpandableSegments on its own (expandable_segments.hpp), over the parts of a cache
 // (tests/support/cache_parts.hpp): on only where the option is and the device maps virtual memory; one
 // growing segment per (stream, size class), forgotten when released; a growth extends the stream's free
-// last block by what it lacks, and a trim gives whole pieces back. SegmentPieces finds the pieces that hold a range's bytes.
+// last block by what it lacks, and a trim gives whole pieces back. SegmentPieces finds the pieces that
+// hold a range's bytes.
 #include <gtest/gtest.h>
 
 #include <atomic>
