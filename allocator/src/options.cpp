@@ -69,6 +69,18 @@ std::string join_names(const EnumName<E> (&names)[N]) {
 // ---- value parsers: strict, so a typo is an error rather than a silently different setting ----
 
 // Unsigned decimal only: no sign, no whitespace inside, no suffix, no overflow.
+// A switch in PyTorch's spellings (True/False), and 1/0 as the Python bindings spell a bool.
+bool parse_switch(std::string_view text, bool* out) {
+  if (text == "true" || text == "True" || text == "1") {
+    *out = true;
+  } else if (text == "false" || text == "False" || text == "0") {
+    *out = false;
+  } else {
+    return false;
+  }
+  return true;
+}
+
 bool parse_unsigned(std::string_view text, std::uint64_t* out) {
   if (text.empty()) return false;
   for (char c : text) {
@@ -232,32 +244,13 @@ const OptionSpec kOptionTable[] = {
      "grow one segment per stream and size class in place by mapping pages (PyTorch's expandable_segments); "
      "fixed segments where the device has no virtual memory",
      [] { return std::string("true|false|True|False|1|0"); },
-     [](Options& o, std::string_view v) {
-       // PyTorch's spellings (True/False), and 1/0 as the Python bindings spell a bool.
-       if (v == "true" || v == "True" || v == "1") {
-         o.expandable_segments = true;
-       } else if (v == "false" || v == "False" || v == "0") {
-         o.expandable_segments = false;
-       } else {
-         return false;
-       }
-       return true;
-     },
+     [](Options& o, std::string_view v) { return parse_switch(v, &o.expandable_segments); },
      [](const Options& o) -> std::string { return o.expandable_segments ? "true" : "false"; }},
     {"expandable_ipc",
      "map each page of an expandable segment's growth as its own physical allocation, so that its blocks can "
      "be sent to another process (CUDA IPC)",
      [] { return std::string("true|false|True|False|1|0"); },
-     [](Options& o, std::string_view v) {
-       if (v == "true" || v == "True" || v == "1") {
-         o.expandable_ipc = true;
-       } else if (v == "false" || v == "False" || v == "0") {
-         o.expandable_ipc = false;
-       } else {
-         return false;
-       }
-       return true;
-     },
+     [](Options& o, std::string_view v) { return parse_switch(v, &o.expandable_ipc); },
      [](const Options& o) -> std::string { return o.expandable_ipc ? "true" : "false"; }},
     {"hot_list_mb",
      "a small miss takes a new segment rather than merge back the stream's hot blocks while its hot list holds "
