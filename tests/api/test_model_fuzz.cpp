@@ -44,6 +44,7 @@ struct FuzzCase {
   int streams;
   std::size_t memory_limit;
   bool expandable_segments = false;
+  bool expandable_ipc = false;
 };
 
 void PrintTo(const FuzzCase& c, std::ostream* os) { *os << c.name; }
@@ -57,6 +58,7 @@ TEST_P(ModelFuzz, RandomOperationsKeepEveryInvariant) {
   config.streams = c.streams;
   config.memory_limit = c.memory_limit;
   config.expandable_segments = c.expandable_segments;
+  config.expandable_ipc = c.expandable_ipc;
 
   const std::uint64_t ops = env_number("STREAMALLOC_FUZZ_OPS", kDefaultOpsPerCase);
   if (ops == 0) GTEST_SKIP() << "STREAMALLOC_FUZZ_OPS=0: no operations to run";
@@ -103,7 +105,8 @@ INSTANTIATE_TEST_SUITE_P(
                       FuzzCase{"expandable_settled_seed1", CrossStreamReuse::kSettled, 1, 2, 64 * MiB, true},
                       FuzzCase{"expandable_settled_seed3", CrossStreamReuse::kSettled, 3, 4, 256 * MiB, true},
                       FuzzCase{"expandable_wait_seed2", CrossStreamReuse::kWait, 2, 3, 128 * MiB, true},
-                      FuzzCase{"expandable_never_seed1", CrossStreamReuse::kNever, 1, 3, 128 * MiB, true}),
+                      FuzzCase{"expandable_never_seed1", CrossStreamReuse::kNever, 1, 3, 128 * MiB, true},
+                      FuzzCase{"expandable_ipc_settled_seed2", CrossStreamReuse::kSettled, 2, 3, 128 * MiB, true, true}),
     [](const ::testing::TestParamInfo<FuzzCase>& info) { return std::string(info.param.name); });
 
 // The same seed must give the same operations on every platform, or a reported seed is useless.

@@ -79,6 +79,7 @@ struct FuzzConfig {
   std::size_t memory_limit = 128 * MiB;    // small, so OOM paths run
   std::size_t largest_request = 64 * MiB;  // sizes above the device come on top of this
   bool expandable_segments = false;        // the default pool grows expandable segments
+  bool expandable_ipc = false;             // ... mapped one page per piece (shareable)
 };
 
 struct Op {
@@ -209,7 +210,8 @@ class OpRunner {
       : config_(config),
         schedule_(schedule),
         model_(config.largest_request, config.expandable_segments ? SimBackend::Config{}.vm_granularity : 0,
-               20 * MiB) {  // the cache's largest piece of a large-class growth
+               config.expandable_ipc ? SimBackend::Config{}.vm_granularity
+                                     : 20 * MiB) {  // the cache's largest piece of a large-class growth
     SimBackend::Config sim;
     sim.mode = SimBackend::Mode::kManual;
     sim.memory_per_device = config.memory_limit;
@@ -224,6 +226,7 @@ class OpRunner {
     options.backend = BackendKind::kSim;
     options.cross_stream_reuse = config.policy;
     options.expandable_segments = config.expandable_segments;
+    options.expandable_ipc = config.expandable_ipc;
     options.log_level = "error";    // OOM warnings would flood the output of a 10^6-op run
     options.pending_history = 256;  // a small ring that wraps, so validate() checks it against every change
     allocator_ = std::make_unique<Allocator>(options, sim_);
