@@ -106,7 +106,8 @@ INSTANTIATE_TEST_SUITE_P(
                       FuzzCase{"expandable_settled_seed3", CrossStreamReuse::kSettled, 3, 4, 256 * MiB, true},
                       FuzzCase{"expandable_wait_seed2", CrossStreamReuse::kWait, 2, 3, 128 * MiB, true},
                       FuzzCase{"expandable_never_seed1", CrossStreamReuse::kNever, 1, 3, 128 * MiB, true},
-                      FuzzCase{"expandable_ipc_settled_seed2", CrossStreamReuse::kSettled, 2, 3, 128 * MiB, true, true}),
+                      FuzzCase{"expandable_ipc_settled_seed2", CrossStreamReuse::kSettled, 2, 3, 128 * MiB, true,
+                               true}),
     [](const ::testing::TestParamInfo<FuzzCase>& info) { return std::string(info.param.name); });
 
 // The same seed must give the same operations on every platform, or a reported seed is useless.
