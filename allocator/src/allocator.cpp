@@ -167,7 +167,7 @@ void Allocator::deallocate(void* ptr, std::size_t size, int device, Stream strea
   }
   // Live nowhere: the device whose memory holds the address says which mistake it was.
   for (int d = 0; d < device_count(); ++d) {
-    if (caches_[static_cast<std::size_t>(d)]->owns_address(ptr)) cache(d).reject_free(ptr);
+    cache(d).reject_free(ptr, /*only_if_inside=*/true);
   }
   cache(first).reject_free(ptr);
 }

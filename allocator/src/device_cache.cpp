@@ -69,9 +69,4 @@ bool DeviceCache::owns_live(const void* ptr) const {
   return const_cast<ShardSet&>(shards_).find_live(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
 }
 
-bool DeviceCache::owns_address(const void* ptr) const {
-  DeviceLock lock(*this);
-  return segments_.containing(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
-}
-
 }  // namespace streamalloc

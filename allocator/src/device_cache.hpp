@@ -19,7 +19,6 @@
 
 #include <array>
 #include <atomic>
-#include <limits>
 #include <cassert>
 #include <chrono>
 #include <cstddef>
@@ -81,8 +80,9 @@ class DeviceCache {
   // deallocate_cached has just missed (device_cache_allocate.cpp, device_cache_free.cpp).
   void* allocate_locked(std::size_t requested, Stream stream);
   bool deallocate_locked(std::uintptr_t address, std::size_t size_hint, Stream stream_hint);
-  // Counts a rejected free and throws the error that says which mistake it was.
-  [[noreturn]] void reject_free(const void* ptr);
+  // Counts a rejected free and throws the error that says which mistake it was; with `only_if_inside`,
+  // only when `ptr` lies inside a segment of this device (else it returns, counting nothing).
+  void reject_free(const void* ptr, bool only_if_inside = false);
   // Adds `stream` to a live block's uses; false (nothing changed, nothing counted) when `ptr` is not
   // live here.
   bool record_stream(void* ptr, Stream stream);
@@ -91,7 +91,6 @@ class DeviceCache {
   bool owns_live(const void* ptr) const;
   // Whether a call on this device has used `stream` (lock-free: the free path's device lookup).
   bool knows_stream(Stream stream) const { return shards_.find_published(stream) != nullptr; }
-  bool owns_address(const void* ptr) const;  // inside any segment of this device
 
   void empty_cache();  // the default pool and every freeable private pool
   void empty_cache(PoolId pool);
@@ -157,7 +156,7 @@ class DeviceCache {
       cache_.shards_.note_device_lock_taken();
     }
     ~DeviceLock() {
-      cache_.publish_pending_poll();
+      cache_.fences_.publish_pending_poll(cache_.ledger_.stats().pending_blocks.current > 0);
       cache_.ledger_.add_lock_held(cycle_clock::now() - taken_);
       cache_.shards_.note_device_lock_released();
     }
@@ -212,24 +211,6 @@ class DeviceCache {
   // from the device lock and the fields device-locked calls write.
   // The fast path's switch (update_fast_path) and its lock-free view of the shards.
   alignas(kCacheLine) std::atomic<bool> fast_path_{false};
-  // While blocks are pending, the coarse-clock tick of the allocation path's last poll of their fences
-  // (kNoPendingPoll while none is): an allocation in a later tick leaves the fast path for the
-  // device-locked one, which polls first. PyTorch's allocator polls its events on every allocation, so
-  // after a host sync its next allocation sees the blocks the sync released; this keeps that, at one
-  // device-locked allocation per tick. Every device-locked call publishes it as it ends, writing only
-  // a change (the fast path reads this line).
-  static constexpr Clock::rep kNoPendingPoll = std::numeric_limits<Clock::rep>::max();
-  mutable std::atomic<Clock::rep> poll_after_{kNoPendingPoll};
-  void publish_pending_poll() const {
-    const Clock::rep after = ledger_.stats().pending_blocks.current > 0
-                                 ? fences_.last_pending_poll().time_since_epoch().count()
-                                 : kNoPendingPoll;
-    if (poll_after_.load(std::memory_order_relaxed) != after) poll_after_.store(after, std::memory_order_relaxed);
-  }
-  bool pending_poll_due() const {
-    const Clock::rep after = poll_after_.load(std::memory_order_relaxed);
-    return after != kNoPendingPoll && fences_.coarse_now().time_since_epoch().count() > after;
-  }
   // The request rounding: read by every allocation, changed by set_roundup_power2_divisions.
   size_policy::Rounding rounding_;
   // The device's memory (read by the fast path) and the memory fraction that caps the cache.
@@ -252,7 +233,7 @@ class DeviceCache {
 
 inline void* DeviceCache::allocate_cached(std::size_t requested, Stream stream) noexcept {
   // The stream's own hot list, under its shard lock alone.
-  if (fast_path_.load(std::memory_order_relaxed) && !pending_poll_due()) {
+  if (fast_path_.load(std::memory_order_relaxed) && !fences_.pending_poll_due()) {
     if (Shard* shard = shards_.find_published(stream))
       return shard->allocate_hot(requested, rounding_, options_, memory_.total());
   }

@@ -34,7 +34,7 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
   // While blocks are pending, their fences may have completed since the last pass (a host sync, or
   // time): PyTorch's allocator polls its events on every allocation, so after a sync it hands a
   // pending block back, and counts it inactive, even when a cached block serves the allocation. The
-  // cache polls first too, at most once per tick of the coarse clock (a few ms; pending_poll_due sends
+  // cache polls first too, at most once per tick of the coarse clock (a few ms; FenceEngine::pending_poll_due sends
   // the fast path here then), and records no fence there, so that a cross-stream loop keeps its
   // batched fences. The blocks it releases go to their allocation streams' hot lists
   // (DeviceCache::release_pending): the allocating stream's may serve it below.

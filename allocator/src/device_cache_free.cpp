@@ -8,8 +8,9 @@
 
 namespace streamalloc {
 
-void DeviceCache::reject_free(const void* ptr) {
+void DeviceCache::reject_free(const void* ptr, bool only_if_inside) {
   DeviceLock lock(*this);
+  if (only_if_inside && segments_.containing(reinterpret_cast<std::uintptr_t>(ptr)) == nullptr) return;
   ledger_.count(&DeviceStats::invalid_frees);
   report_.throw_bad_free(ptr, "free");
 }

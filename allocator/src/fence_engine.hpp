@@ -15,8 +15,10 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -144,8 +146,20 @@ class FenceEngine {
     last_pending_poll_ = now;
     return true;
   }
-  // The coarse tick of the newest poll of pending blocks (allocation path or a free's fence pass).
-  Clock::time_point last_pending_poll() const { return last_pending_poll_; }
+  // While blocks are pending, an allocation in a later tick than their newest poll leaves the fast path
+  // for the device-locked one, which polls first: PyTorch's allocator polls its events on every
+  // allocation, so after a host sync its next allocation sees the blocks the sync released; this keeps
+  // that at one device-locked allocation per tick. Every device-locked call publishes whether blocks
+  // are pending as it ends (DeviceCache::DeviceLock), writing only a change: the fast path reads it.
+  void publish_pending_poll(bool blocks_pending) const {
+    const Clock::rep after = blocks_pending ? last_pending_poll_.time_since_epoch().count() : kNoPendingPoll;
+    if (poll_after_.load(std::memory_order_relaxed) != after) poll_after_.store(after, std::memory_order_relaxed);
+  }
+  // Lock-free: the fast path's question.
+  bool pending_poll_due() const {
+    const Clock::rep after = poll_after_.load(std::memory_order_relaxed);
+    return after != kNoPendingPoll && coarse_now().time_since_epoch().count() > after;
+  }
   // While one lives, a fence pass or poll runs: the blocks it releases are likely to be asked for next
   // by the stream that allocated them, so the cache puts them in that stream's hot list (Parts::release).
   class HotReleases {
@@ -195,6 +209,11 @@ class FenceEngine {
   Clock::time_point last_fence_pass_{};
   Clock::time_point last_pending_poll_{};  // coarse clock
   bool release_to_hot_ = false;
+  // What publish_pending_poll publishes (the tick of the newest poll, kNoPendingPoll while no block is
+  // pending): on a cache line of its own, which the fast path reads and only a change writes.
+  static constexpr Clock::rep kNoPendingPoll = std::numeric_limits<Clock::rep>::max();
+  alignas(kCacheLine) mutable std::atomic<Clock::rep> poll_after_{kNoPendingPoll};
+  char poll_after_line_[kCacheLine - sizeof(std::atomic<Clock::rep>)] = {};
 };
 
 }  // namespace streamalloc
