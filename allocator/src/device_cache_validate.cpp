@@ -207,7 +207,7 @@ void DeviceCache::validate() const {
   }
   by_class[0] = all;
   static const char* const kClassKeys[] = {"all", "small_pool", "large_pool"};
-  const DeviceStats stats = ledger_.with_shards(shards_);
+  const DeviceStats stats = ledger_.validate(device_, shards_);
   for (int p = 0; p < kSizeClasses; ++p) {
 #define STREAMALLOC_CHECK(name, kind, help)                                                              \
   check_stat(device_, (std::string(#name ".") + kClassKeys[p]).c_str(), stats.name[p], by_class[p].name, \
@@ -215,7 +215,6 @@ void DeviceCache::validate() const {
     STREAMALLOC_POOL_STATS(STREAMALLOC_CHECK)
 #undef STREAMALLOC_CHECK
   }
-  ledger_.validate(device_, shards_);
   check_stat(device_, "pending_blocks", ledger_.stats().pending_blocks, pending_blocks, !ledger_.accumulated_reset());
   check_stat(device_, "pending_bytes", ledger_.stats().pending_bytes, pending_bytes, !ledger_.accumulated_reset());
   check_stat(device_, "oversize_allocations", ledger_.stats().oversize_allocations, oversize_allocations,

@@ -177,9 +177,9 @@ void StatsLedger::reset_accumulated(ShardSet& shards) {
   reset_accumulated();
 }
 
-void StatsLedger::validate(int device, const ShardSet& shards) const {
+DeviceStats StatsLedger::validate(int device, const ShardSet& shards) const {
   static const char* const kClassKeys[] = {"all", "small_pool", "large_pool"};
-  const DeviceStats stats = with_shards(shards);
+  DeviceStats stats = with_shards(shards);
   for (std::size_t s = 0; s < kFastStats; ++s) {
     for (std::size_t p = 0; p < kSizeClasses; ++p) {
       const std::string name = std::string(kFastStatNames[s]) + "." + kClassKeys[p];
@@ -193,6 +193,7 @@ void StatsLedger::validate(int device, const ShardSet& shards) const {
       }
     }
   }
+  return stats;
 }
 
 }  // namespace streamalloc

@@ -144,8 +144,9 @@ class StatsLedger {
   DeviceStats report(const ShardSet& shards) const;
   // The ledger's own invariant (shard_stats.hpp): under the peak of each fast-path stat, the device's
   // headroom is never negative and with every shard's headroom and the current it makes up the peak
-  // exactly. Throws std::logic_error naming `device`.
-  void validate(int device, const ShardSet& shards) const;
+  // exactly. Throws std::logic_error naming `device`; returns the stats it checked (with_shards), for
+  // the cache's checks against its blocks.
+  DeviceStats validate(int device, const ShardSet& shards) const;
   // The peaks restart at the current values and all headroom, the device's and the shards', is gone:
   // the next increase anywhere raises the peak.
   void reset_peaks(ShardSet& shards);
