@@ -26,4 +26,6 @@ std::int64_t to_ns(std::uint64_t ticks) {
   return static_cast<std::int64_t>(static_cast<double>(ticks) / ticks_per_ns());
 }
 
+std::uint64_t from_ns(std::int64_t ns) { return static_cast<std::uint64_t>(static_cast<double>(ns) * ticks_per_ns()); }
+
 }  // namespace streamalloc::cycle_clock

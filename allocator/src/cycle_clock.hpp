@@ -27,5 +27,7 @@ inline std::uint64_t now() {
 // clock, over about a millisecond, at the first call (a stats read, after it has let the device lock
 // go).
 std::int64_t to_ns(std::uint64_t ticks);
+// The ticks of now() in `ns` nanoseconds (the same measurement).
+std::uint64_t from_ns(std::int64_t ns);
 
 }  // namespace streamalloc::cycle_clock

@@ -53,8 +53,8 @@ void FenceEngine::make_pending(Block* block) {
 void FenceEngine::fence_after_free(const Block* block) {
   const HotReleases to_hot(*this);
   // This pass polls the pending blocks of the streams it visits: the allocation path's poll need not
-  // repeat it in the same tick.
-  last_pending_poll_ = std::max(last_pending_poll_, coarse_now());
+  // repeat it in the same tick. (The free's time, taken on the pacing's clock.)
+  note_pending_poll(block->since);
   bool deferred = false;
   // The free has happened; a device error in this opportunistic pass must not report it as failed.
   // The batch stays open and the next allocation that misses the cache fences it.

@@ -26,6 +26,7 @@
 
 #include "block.hpp"
 #include "capture_reuse.hpp"
+#include "cycle_clock.hpp"
 #include "debug_aid.hpp"
 #include "fence_queue.hpp"
 #include "free_blocks.hpp"
@@ -143,22 +144,29 @@ class FenceEngine {
   // polled already (here, or in a free's fence pass).
   bool start_pending_poll(Clock::time_point now) {
     if (now <= last_pending_poll_) return false;
-    last_pending_poll_ = now;
+    note_pending_poll(now);
     return true;
   }
-  // While blocks are pending, an allocation in a later tick than their newest poll leaves the fast path
-  // for the device-locked one, which polls first: PyTorch's allocator polls its events on every
-  // allocation, so after a host sync its next allocation sees the blocks the sync released; this keeps
-  // that at one device-locked allocation per tick. Every device-locked call publishes whether blocks
-  // are pending as it ends (DeviceCache::DeviceLock), writing only a change: the fast path reads it.
+  // While blocks are pending, an allocation a coarse tick or more after their newest poll leaves the
+  // fast path for the device-locked one, which polls first: PyTorch's allocator polls its events on
+  // every allocation, so after a host sync its next allocation sees the blocks the sync released; this
+  // keeps that at one device-locked allocation per tick. Every device-locked call publishes as it ends
+  // (DeviceCache::DeviceLock) when the fast path should next leave, writing only a change: on the host's
+  // clock a time-stamp-counter deadline, which the fast path reads without a clock call; on a replay
+  // clock the tick of the newest poll.
   void publish_pending_poll(bool blocks_pending) const {
-    const Clock::rep after = blocks_pending ? last_pending_poll_.time_since_epoch().count() : kNoPendingPoll;
+    std::uint64_t after = kNoPendingPoll;
+    if (blocks_pending) {
+      after = replay_clock_ != nullptr ? static_cast<std::uint64_t>(last_pending_poll_.time_since_epoch().count())
+                                       : last_poll_cycles_ + tick_cycles();
+    }
     if (poll_after_.load(std::memory_order_relaxed) != after) poll_after_.store(after, std::memory_order_relaxed);
   }
   // Lock-free: the fast path's question.
   bool pending_poll_due() const {
-    const Clock::rep after = poll_after_.load(std::memory_order_relaxed);
-    return after != kNoPendingPoll && coarse_now().time_since_epoch().count() > after;
+    const std::uint64_t after = poll_after_.load(std::memory_order_relaxed);
+    if (after == kNoPendingPoll) return false;
+    return replay_clock_ == nullptr ? cycle_clock::now() > after : replay_tick_passed(after);
   }
   // While one lives, a fence pass or poll runs: the blocks it releases are likely to be asked for next
   // by the stream that allocated them, so the cache puts them in that stream's hot list (Parts::release).
@@ -178,6 +186,20 @@ class FenceEngine {
   // Frees with uses poll and record fences at most once per window.
   static constexpr std::chrono::microseconds kFenceBatchWindow{20};
 
+  [[gnu::noinline]] bool replay_tick_passed(std::uint64_t after) const {
+    return static_cast<std::uint64_t>(coarse_now().time_since_epoch().count()) > after;
+  }
+  // A poll of pending blocks at time `now` (on the pacing's clock; a coarse tick or later within it).
+  void note_pending_poll(Clock::time_point now) {
+    last_pending_poll_ = std::max(last_pending_poll_, now);
+    last_poll_cycles_ = cycle_clock::now();
+  }
+  // A coarse tick in time-stamp-counter ticks (measured once per process, at the first publication).
+  static std::uint64_t tick_cycles() {
+    static const std::uint64_t cycles =
+        cycle_clock::from_ns(std::chrono::duration_cast<std::chrono::nanoseconds>(coarse_tick()).count());
+    return cycles;
+  }
   Clock::time_point replay_now() const {
     return Clock::time_point(std::chrono::nanoseconds(replay_clock_->load(std::memory_order_relaxed)));
   }
@@ -208,12 +230,13 @@ class FenceEngine {
   CaptureReuse capture_reuse_;
   Clock::time_point last_fence_pass_{};
   Clock::time_point last_pending_poll_{};  // coarse clock
+  std::uint64_t last_poll_cycles_ = 0;     // cycle_clock, at the same poll
   bool release_to_hot_ = false;
   // What publish_pending_poll publishes (the tick of the newest poll, kNoPendingPoll while no block is
   // pending): on a cache line of its own, which the fast path reads and only a change writes.
-  static constexpr Clock::rep kNoPendingPoll = std::numeric_limits<Clock::rep>::max();
-  alignas(kCacheLine) mutable std::atomic<Clock::rep> poll_after_{kNoPendingPoll};
-  char poll_after_line_[kCacheLine - sizeof(std::atomic<Clock::rep>)] = {};
+  static constexpr std::uint64_t kNoPendingPoll = std::numeric_limits<std::uint64_t>::max();
+  alignas(kCacheLine) mutable std::atomic<std::uint64_t> poll_after_{kNoPendingPoll};
+  char poll_after_line_[kCacheLine - sizeof(std::atomic<std::uint64_t>)] = {};
 };
 
 }  // namespace streamalloc
