@@ -138,6 +138,21 @@ def test_pytorchs_expandable_segments_setting_is_named_where_it_is_not_followed(
     assert ("expandable_segments:true" in result.stdout) == ("expandable" in keywords), result.stdout
 
 
+@pytest.mark.parametrize("env_value, own, expected", [
+    ("1", "", "expandable_ipc:true"),
+    ("0", "", "expandable_ipc:false"),
+    ("1", "expandable_ipc:false", "expandable_ipc:false"),
+    (None, "", "expandable_ipc:false"),
+])
+def test_pytorchs_expandable_ipc_switch_turns_on_expandable_ipc_unless_streamalloc_sets_it(env_value, own, expected):
+    env = {"STREAMALLOC_CONF": own}
+    if env_value is not None:
+        env["TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC"] = env_value
+    result = run_enable("streamalloc.enable()\nprint(streamalloc.enabled_conf())\n", env=env)
+    assert result.returncode == 0, result.stderr
+    assert expected in result.stdout.strip().splitlines()[-1], result.stdout
+
+
 def test_keyword_options_override_the_environment_and_conf_ignores_it():
     result = run_enable(
         "streamalloc.enable(audit='trace')\n"

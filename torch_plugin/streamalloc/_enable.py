@@ -209,6 +209,15 @@ def _pytorch_asks_for_expandable_segments() -> bool:
     return any(key.strip() == "expandable_segments" and value.strip().lower() in ("true", "1") for key, value in items)
 
 
+def _pytorch_asks_for_expandable_ipc() -> bool:
+    """Whether TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC asks PyTorch to make expandable segments shareable."""
+    return os.environ.get("TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC", "").strip().lower() in ("1", "true")
+
+
+def _conf_keys(conf: str) -> set[str]:
+    return {item.split(":", 1)[0].strip() for item in conf.split(",") if ":" in item}
+
+
 def enable(conf: str | None = None, **options: object) -> None:
     """Install streamalloc as PyTorch's CUDA allocator for this process.
 
@@ -239,6 +248,11 @@ def enable_from(conf: str, source: str, options: dict | None = None) -> None:
         resolved = path.resolve("", conf, source)
         if keywords:
             resolved = path.resolve(resolved["conf"], keywords, KEYWORD_SOURCE)
+        # PyTorch's switch for shareable expandable segments turns on streamalloc's, unless streamalloc's
+        # own options say otherwise (docs/options.md, expandable_ipc).
+        if ("expandable_ipc" not in _conf_keys(conf) and "expandable_ipc" not in (options or {})
+                and _pytorch_asks_for_expandable_ipc()):
+            resolved = path.resolve(resolved["conf"], "expandable_ipc:true", "TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC")
         canonical, settings = resolved["conf"], resolved["options"]
         if _state.enabled_conf is not None:
             path.install_again(canonical)  # the native rule: same options or refuse
