@@ -263,16 +263,20 @@ class RelaxedCaptureMode {
   bool restore_ = false;
 };
 
-[[noreturn]] void throw_driver_error(CUresult result, const char* call, int device) {
+// The driver's text and name for `result`, as far as the driver gives them.
+std::string driver_error_text(CUresult result) {
   const DriverVm& driver = DriverVm::get();
   const char* text = nullptr;
   const char* name = nullptr;
   if (driver.get_error_string == nullptr || driver.get_error_string(result, &text) != CUDA_SUCCESS) text = nullptr;
   if (driver.get_error_name == nullptr || driver.get_error_name(result, &name) != CUDA_SUCCESS) name = nullptr;
+  return std::string(text != nullptr ? text : "unknown driver error") + " (" +
+         (name != nullptr ? name : "CUresult " + std::to_string(static_cast<int>(result))) + ")";
+}
+
+[[noreturn]] void throw_driver_error(CUresult result, const char* call, int device) {
   throw Error(ErrorCode::kBackend,
-              std::string(call) + " failed on device " + std::to_string(device) + ": " +
-                  (text != nullptr ? text : "unknown driver error") + " (" +
-                  (name != nullptr ? name : "CUresult " + std::to_string(static_cast<int>(result))) + ")");
+              std::string(call) + " failed on device " + std::to_string(device) + ": " + driver_error_text(result));
 }
 
 void check_driver(CUresult result, const char* call, int device) {
@@ -288,16 +292,6 @@ CUmemAllocationProp device_memory(CUdevice device, bool exportable = false) {
   prop.location.id = device;
   if (exportable) prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   return prop;
-}
-
-std::string driver_error_text(CUresult result) {
-  const DriverVm& driver = DriverVm::get();
-  const char* text = nullptr;
-  const char* name = nullptr;
-  if (driver.get_error_string == nullptr || driver.get_error_string(result, &text) != CUDA_SUCCESS) text = nullptr;
-  if (driver.get_error_name == nullptr || driver.get_error_name(result, &name) != CUDA_SUCCESS) name = nullptr;
-  return std::string(text != nullptr ? text : "unknown driver error") + " (" +
-         (name != nullptr ? name : "CUresult " + std::to_string(static_cast<int>(result))) + ")";
 }
 
 // The physical allocation one map_pages call is making. Unless committed, its destructor unmaps it
