@@ -51,17 +51,17 @@ bool DeviceCache::share_pieces(const void* ptr, SharedPieces* out) {
   if (block == nullptr) return false;
   SharedPieces shared;
   const Segment* segment = block->segment;
-  if (segment->expandable() && !options_.expandable_ipc) {
-    // Its pieces vary in size, and PyTorch's format describes a run of equal ones.
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("streamalloc: {} is in an expandable segment, whose memory is mapped in pieces of "
-                            "varying size and cannot be sent to another process; set expandable_ipc:true "
-                            "(STREAMALLOC_CONF, or streamalloc.enable(expandable_ipc=True)) so that expandable "
-                            "segments map one page per piece, allocate the memory to share in a MemPool (fixed "
-                            "segments), or run without expandable_segments.",
-                            ptr));
-  }
   if (segment->expandable()) {
+    if (!options_.expandable_ipc) {
+      // Its pieces vary in size, and PyTorch's format describes a run of equal ones.
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("streamalloc: {} is in an expandable segment, whose memory is mapped in pieces of "
+                              "varying size and cannot be sent to another process; set expandable_ipc:true "
+                              "(STREAMALLOC_CONF, or streamalloc.enable(expandable_ipc=True)) so that expandable "
+                              "segments map one page per piece, allocate the memory to share in a MemPool (fixed "
+                              "segments), or run without expandable_segments.",
+                              ptr));
+    }
     segment->pieces.for_each_holding(block->address, block->address + block->size,
                                      [&](std::uintptr_t address, std::size_t bytes) {
                                        shared.pieces.push_back({address, bytes, -1});

@@ -10,7 +10,6 @@
 // asks every stream the cache knows: its cost would grow with the streams a process has ever used.
 #include "fence_engine.hpp"
 
-#include <algorithm>
 #include <optional>
 
 #include "invariant.hpp"

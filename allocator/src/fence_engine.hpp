@@ -229,11 +229,12 @@ class FenceEngine {
   CaptureUses capture_uses_;
   CaptureReuse capture_reuse_;
   Clock::time_point last_fence_pass_{};
-  Clock::time_point last_pending_poll_{};  // coarse clock
+  Clock::time_point last_pending_poll_{};  // the pacing's clock: a coarse tick, or a free's time within one
   std::uint64_t last_poll_cycles_ = 0;     // cycle_clock, at the same poll
   bool release_to_hot_ = false;
-  // What publish_pending_poll publishes (the tick of the newest poll, kNoPendingPoll while no block is
-  // pending): on a cache line of its own, which the fast path reads and only a change writes.
+  // What publish_pending_poll publishes (the deadline, or on a replay clock the newest poll's time;
+  // kNoPendingPoll while no block is pending): on a cache line of its own, which the fast path reads and
+  // only a change writes.
   static constexpr std::uint64_t kNoPendingPoll = std::numeric_limits<std::uint64_t>::max();
   alignas(kCacheLine) mutable std::atomic<std::uint64_t> poll_after_{kNoPendingPoll};
   char poll_after_line_[kCacheLine - sizeof(std::atomic<std::uint64_t>)] = {};

@@ -69,19 +69,22 @@ bool SegmentSource::map_pieces(std::uintptr_t at, std::size_t bytes, std::size_t
   const std::size_t rest = bytes - run;
   if (run > 0 && !backend_.map_pieces(device_, reinterpret_cast<void*>(at), run, piece_bytes)) return false;
   if (rest > 0) {
+    const auto take_back_run = [&] {
+      if (run > 0) backend_.unmap_unused_pages(device_, reinterpret_cast<void*>(at), run);
+    };
     bool mapped = false;
     try {
       mapped = backend_.map_pieces(device_, reinterpret_cast<void*>(at + run), rest, rest);
     } catch (...) {
       try {
-        if (run > 0) backend_.unmap_unused_pages(device_, reinterpret_cast<void*>(at), run);
+        take_back_run();
       } catch (const Error& e) {  // keep the first error; the run stays mapped, unaccounted
         log().warn("device {}: {} bytes of a failed growth stay mapped: {}", device_, run, without_prefix(e.what()));
       }
       throw;
     }
     if (!mapped) {
-      if (run > 0) backend_.unmap_unused_pages(device_, reinterpret_cast<void*>(at), run);
+      take_back_run();
       return false;
     }
   }
