@@ -55,21 +55,17 @@ TEST(Expandable, PrivatePoolsUseFixedSegmentsAndCapturesDeferUnmapping) {
 }
 
 TEST(Expandable, DeviceWithoutVirtualMemoryUsesFixedSegments) {
-  SimBackend::Config config;
-  config.mode = SimBackend::Mode::kManual;
-  config.memory_per_device = 256 * MiB;
+  SimBackend::Config config = SimSetup::device();
   config.virtual_memory = false;
-  auto sim = std::make_shared<SimBackend>(config);
-  Allocator allocator(Options::parse(std::string(kOn) + ",log_level:off"), sim);
-  const Stream a = sim->create_stream();
-  void* p = allocator.allocate(3 * MiB, 0, a);
-  void* q = allocator.allocate(3 * MiB, 0, a);
-  allocator.validate();
-  EXPECT_EQ(allocator.stats(0).reserved_bytes[0].current, static_cast<std::int64_t>(20 * MiB))
-      << "a fixed 20 MiB segment";
-  for (const SegmentInfo& seg : allocator.segments(0)) EXPECT_FALSE(seg.expandable);
-  allocator.deallocate(p, 0, 0, a);
-  allocator.deallocate(q, 0, 0, a);
+  SimSetup s(std::string(kOn) + ",log_level:off", config);
+  const Stream a = s.sim->create_stream();
+  void* p = s.a().allocate(3 * MiB, 0, a);
+  void* q = s.a().allocate(3 * MiB, 0, a);
+  s.a().validate();
+  EXPECT_EQ(s.stats().reserved_bytes[0].current, static_cast<std::int64_t>(20 * MiB)) << "a fixed 20 MiB segment";
+  for (const SegmentInfo& seg : s.a().segments(0)) EXPECT_FALSE(seg.expandable);
+  s.a().deallocate(p, 0, 0, a);
+  s.a().deallocate(q, 0, 0, a);
 }
 
 // As PyTorch's history: an expandable segment's pages are traced as segment_map and segment_unmap, with

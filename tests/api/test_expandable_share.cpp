@@ -154,29 +154,26 @@ TEST(ExpandableShare, WithoutTheOptionSharingIsRefusedAndNothingChanges) {
 
 // A driver that refuses exportable memory: the backend's error, and the block as it was.
 TEST(ExpandableShare, ABackendThatCannotExportSaysSoAndNothingChanges) {
-  SimBackend::Config config;
-  config.mode = SimBackend::Mode::kManual;
-  config.memory_per_device = 256 * MiB;
+  SimBackend::Config config = SimSetup::device();
   config.exportable_pieces = false;
-  auto sim = std::make_shared<SimBackend>(config);
-  Allocator allocator(Options::parse(std::string(kShareable) + ",log_level:off"), sim);
-  const Stream a = sim->create_stream();
-  void* p = allocator.allocate(3 * MiB, 0, a);
-  const DeviceStats before = allocator.stats(0);
+  SimSetup s(std::string(kShareable) + ",log_level:off", config);
+  const Stream a = s.sim->create_stream();
+  void* p = s.a().allocate(3 * MiB, 0, a);
+  const DeviceStats before = s.stats();
   try {
-    allocator.share_pieces(p);
+    s.a().share_pieces(p);
     ADD_FAILURE() << "expected Error(kBackend)";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kBackend) << e.what();
     EXPECT_NE(std::string(e.what()).find("cannot be exported"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(allocator.stats(0).allocated_bytes[0].current, before.allocated_bytes[0].current);
-  EXPECT_EQ(allocator.stats(0).reserved_bytes[0].current, before.reserved_bytes[0].current);
-  EXPECT_EQ(allocator.requested_size_of(p), 3 * MiB) << "still live";
-  allocator.validate();
-  allocator.deallocate(p, 0, 0, a);
-  allocator.empty_cache();
-  EXPECT_EQ(sim->mappings(0), 0u);
+  EXPECT_EQ(s.stats().allocated_bytes[0].current, before.allocated_bytes[0].current);
+  EXPECT_EQ(s.stats().reserved_bytes[0].current, before.reserved_bytes[0].current);
+  EXPECT_EQ(s.a().requested_size_of(p), 3 * MiB) << "still live";
+  s.a().validate();
+  s.a().deallocate(p, 0, 0, a);
+  s.a().empty_cache();
+  EXPECT_EQ(s.sim->mappings(0), 0u);
 }
 
 // While a block is shared it stays live (the producer keeps it allocated), so trimming around it keeps

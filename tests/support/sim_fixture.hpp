@@ -16,15 +16,20 @@ struct SimSetup {
   std::shared_ptr<SimBackend> sim;
   std::unique_ptr<Allocator> allocator;
 
-  explicit SimSetup(const std::string& conf, SimBackend::Mode mode = SimBackend::Mode::kManual,
-                    std::size_t memory = 256 * MiB, int devices = 1) {
+  // The simulated device's configuration the constructor below starts from.
+  static SimBackend::Config device(SimBackend::Mode mode = SimBackend::Mode::kManual, std::size_t memory = 256 * MiB,
+                                   int devices = 1) {
     SimBackend::Config config;
     config.device_count = devices;
     config.memory_per_device = memory;
     config.mode = mode;
-    sim = std::make_shared<SimBackend>(config);
-    allocator = std::make_unique<Allocator>(Options::parse(conf), sim);
+    return config;
   }
+  explicit SimSetup(const std::string& conf, SimBackend::Mode mode = SimBackend::Mode::kManual,
+                    std::size_t memory = 256 * MiB, int devices = 1)
+      : SimSetup(conf, device(mode, memory, devices)) {}
+  SimSetup(const std::string& conf, const SimBackend::Config& config)
+      : sim(std::make_shared<SimBackend>(config)), allocator(std::make_unique<Allocator>(Options::parse(conf), sim)) {}
   Allocator& a() { return *allocator; }
   DeviceStats stats(int device = 0) { return allocator->stats(device); }
 };
