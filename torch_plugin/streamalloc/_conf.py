@@ -59,6 +59,11 @@ def _key_of(item: str) -> str | None:
     return key.strip() if sep else None
 
 
+def conf_keys(conf: str) -> set[str]:
+    """The keys of the key:value items of `conf`."""
+    return {key for key in map(_key_of, conf.split(",")) if key}
+
+
 def merge_conf(conf: str, options: Mapping[str, object]) -> str:
     """`conf` with every key of `options` set to its value, without asking the native library.
 
@@ -68,6 +73,6 @@ def merge_conf(conf: str, options: Mapping[str, object]) -> str:
     with the native parser, which names where a bad item came from.)
     """
     overrides = options_conf(options)
-    keys = {_key_of(item) for item in overrides.split(",")} if overrides else set()
+    keys = conf_keys(overrides)
     kept = [item.strip() for item in conf.split(",") if item.strip() and _key_of(item) not in keys]
     return ",".join(kept + ([overrides] if overrides else []))

@@ -214,10 +214,6 @@ def _pytorch_asks_for_expandable_ipc() -> bool:
     return os.environ.get("TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC", "").strip().lower() in ("1", "true")
 
 
-def _conf_keys(conf: str) -> set[str]:
-    return {item.split(":", 1)[0].strip() for item in conf.split(",") if ":" in item}
-
-
 def enable(conf: str | None = None, **options: object) -> None:
     """Install streamalloc as PyTorch's CUDA allocator for this process.
 
@@ -250,8 +246,8 @@ def enable_from(conf: str, source: str, options: dict | None = None) -> None:
             resolved = path.resolve(resolved["conf"], keywords, KEYWORD_SOURCE)
         # PyTorch's switch for shareable expandable segments turns on streamalloc's, unless streamalloc's
         # own options say otherwise (docs/options.md, expandable_ipc).
-        if ("expandable_ipc" not in _conf_keys(conf) and "expandable_ipc" not in (options or {})
-                and _pytorch_asks_for_expandable_ipc()):
+        own_keys = _conf.conf_keys(conf) | _conf.conf_keys(keywords)
+        if "expandable_ipc" not in own_keys and _pytorch_asks_for_expandable_ipc():
             resolved = path.resolve(resolved["conf"], "expandable_ipc:true", "TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC")
         canonical, settings = resolved["conf"], resolved["options"]
         if _state.enabled_conf is not None:
