@@ -94,6 +94,15 @@ EventList parse_events(std::string_view text) {
       out.timed = true;
       continue;
     }
+    if (op == "d") {
+      Placement placement;
+      placement.event = out.events.size();
+      placement.size = number(rest, line_no, "segment size");
+      placement.address = number(rest, line_no, "segment address");
+      if (placement.size == 0) fail(line_no, "segment of size 0");
+      out.placements.push_back(placement);
+      continue;
+    }
     Event event;
     event.time_us = now_us;
     if (op == "a") {
@@ -138,7 +147,7 @@ EventList parse_events(std::string_view text) {
         release_slot(id);
       }
     } else {
-      fail(line_no, "unknown op '" + std::string(op) + "' (expected a, f, r, c or t)");
+      fail(line_no, "unknown op '" + std::string(op) + "' (expected a, f, r, c, t or d)");
     }
     out.events.push_back(event);
   }

@@ -63,6 +63,7 @@ class Series {
 RunResult run_torch(const EventList& list, const TorchConfig& config, std::size_t cap, std::size_t points,
                     bool segment_events, Completion completion) {
   TorchModel model(config, cap, segment_events);
+  model.follow_placements(list.placements);
   // Recorded completion points win; otherwise the request's rule (plan.hpp, Completion).
   const bool complete_at_malloc = !list.explicit_completions && completion == Completion::kNextMalloc;
   Series series(list.events.size(), points);

@@ -320,15 +320,44 @@ bool TorchModel::alloc_block(Params& p) {
   }
   if (cap_ != 0 && reserved_ + p.alloc_size > cap_) return false;
   Block* block = make_block(Block{});
-  block->ptr = next_address_;
+  block->ptr = place_segment(p.alloc_size);
   block->size = p.alloc_size;
   block->stream = p.stream;
   block->pool = p.pool;
-  next_address_ += (p.alloc_size + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
   grow_reserved(p.alloc_size);
   note('a', p.alloc_size, p.stream);
   p.block = block;
   return true;
+}
+
+void TorchModel::follow_placements(std::vector<Placement> placements) {
+  placements_ = std::move(placements);
+  placement_taken_.assign(placements_.size(), false);
+  first_open_placement_ = 0;
+}
+
+std::uint64_t TorchModel::place_segment(std::size_t size) {
+  auto range_is_free = [&](std::uint64_t base) {
+    auto after = segments_.lower_bound(base + size);
+    return after == segments_.begin() || std::prev(after)->first + std::prev(after)->second <= base;
+  };
+  std::uint64_t base = 0;
+  for (std::size_t i = first_open_placement_; i < placements_.size(); ++i) {
+    const Placement& place = placements_[i];
+    if (placement_taken_[i] || place.size != size || !range_is_free(place.address)) continue;
+    placement_taken_[i] = true;
+    base = place.address;
+    break;
+  }
+  while (first_open_placement_ < placements_.size() && placement_taken_[first_open_placement_]) {
+    ++first_open_placement_;
+  }
+  if (base == 0) {
+    base = next_address_;
+    next_address_ += (size + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
+  }
+  segments_.emplace(base, size);
+  return base;
 }
 
 // ------------------------------------------------------------------------------------------ expandable
@@ -445,6 +474,7 @@ void TorchModel::unmap_block(Block* block) {
 
 void TorchModel::release_block(Block* block) {
   block->pool->blocks.erase(block);
+  segments_.erase(block->ptr);
   reserved_ -= block->size;
   ++device_frees_;
   note('f', block->size, block->stream);

@@ -83,6 +83,34 @@ TEST(TorchModel, BestFitAndMergeOfNeighbours) {
   EXPECT_EQ(m.reserved(), 20 * MiB);
 }
 
+TEST(TorchModel, SegmentsGoWhereTheRecordedDevicePutThem) {
+  // The recorded device put the second 12 MiB segment below the first: best fit among the two equal free
+  // segments then takes the second, as PyTorch did.
+  TorchModel m(TorchConfig{});
+  m.follow_placements({{0, 12 * MiB, 0x7f0000c00000}, {1, 12 * MiB, 0x7f0000000000}, {2, 20 * MiB, 0x7f0002000000}});
+  ASSERT_TRUE(m.malloc(0, 12 * MiB, 0));
+  ASSERT_TRUE(m.malloc(1, 12 * MiB, 0));
+  EXPECT_EQ(m.block_of(0).first, 0x7f0000c00000u);
+  EXPECT_EQ(m.block_of(1).first, 0x7f0000000000u);
+  m.free(0);
+  m.free(1);
+  ASSERT_TRUE(m.malloc(2, 12 * MiB, 0));
+  EXPECT_EQ(m.block_of(2).first, 0x7f0000000000u);
+  // A size the device never placed goes above every placement; so does one whose range is taken.
+  ASSERT_TRUE(m.malloc(3, 30 * MiB, 0));
+  EXPECT_GT(m.block_of(3).first, 0x7f0002000000u);
+}
+
+TEST(TorchModel, APlacementOverlappingALiveSegmentIsPassedOver) {
+  TorchModel m(TorchConfig{});
+  m.follow_placements(
+      {{0, 20 * MiB, 0x7f0000000000}, {1, 20 * MiB, 0x7f0000000000 + 10 * MiB}, {2, 20 * MiB, 0x7f0004000000}});
+  ASSERT_TRUE(m.malloc(0, 20 * MiB, 0));
+  ASSERT_TRUE(m.malloc(1, 20 * MiB, 0));  // the second placement overlaps the first segment: the third
+  EXPECT_EQ(m.block_of(0).first, 0x7f0000000000u);
+  EXPECT_EQ(m.block_of(1).first, 0x7f0004000000u);
+}
+
 TEST(TorchModel, MaxSplitSizeKeepsOversizeBlocksWhole) {
   TorchModel m(TorchConfig::parse("max_split_size_mb:40"));
   ASSERT_TRUE(m.malloc(0, 50 * MiB, 0));
@@ -180,6 +208,18 @@ TEST(Events, ParsesAndRejectsBadLines) {
   EXPECT_THROW(parse_events("#streamalloc-plan v1\nf 1\n"), std::runtime_error);
   EXPECT_THROW(parse_events("#streamalloc-plan v1\na 1 10 0\na 1 10 0\n"), std::runtime_error);
   EXPECT_THROW(parse_events("#streamalloc-plan v1\na 1 x 0\n"), std::runtime_error);
+}
+
+TEST(Events, DeviceLinesArePlacementsNotEvents) {
+  EventList list = parse_events("#streamalloc-plan v1\nd 2097152 4096\na 1 10 0\nd 20971520 8192\nf 1\n");
+  ASSERT_EQ(list.events.size(), 2u);
+  ASSERT_EQ(list.placements.size(), 2u);
+  EXPECT_EQ(list.placements[0].event, 0u);
+  EXPECT_EQ(list.placements[0].size, 2097152u);
+  EXPECT_EQ(list.placements[1].event, 1u);
+  EXPECT_EQ(list.placements[1].address, 8192u);
+  EXPECT_THROW(parse_events("#streamalloc-plan v1\nd 0 4096\n"), std::runtime_error);
+  EXPECT_THROW(parse_events("#streamalloc-plan v1\nd 4096\n"), std::runtime_error);
 }
 
 TEST(Events, TimeLinesDateTheEventsAfterThem) {

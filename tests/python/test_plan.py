@@ -90,7 +90,7 @@ def test_plot(small_snapshot, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("workload", ["gpt2", "pipeline", "gpt2_expandable", "resnet50", "gpt2_bench"])
+@pytest.mark.parametrize("workload", ["gpt2", "pipeline", "gpt2_expandable", "resnet50", "gpt2_bench", "multistream"])
 def test_model_reproduces_recorded_snapshots(workload):
     records = {(r["workload"], r["allocator"]): r for r in json.loads((DATA / "recorded.json").read_text())}
     record = records[(workload, "pytorch")]

@@ -135,7 +135,8 @@ _SEGMENT_ACTIONS = {"segment_alloc": "a", "segment_free": "f", "segment_map": "m
 
 def convert(entries: list) -> Conversion:
     """Alloc -> `a`; free_requested -> `f` (with `r` first when the block had uses on other streams: PyTorch
-    logs free_completed later then, when their events complete, which becomes `c`)."""
+    logs free_completed later then, when their events complete, which becomes `c`); segment_alloc -> `d` (where the
+    device put the segment, which the model of PyTorch's allocator follows)."""
     out = Conversion()
     live: dict[int, tuple[int, int]] = {}     # addr -> (id, stream index)
     pending: dict[int, int] = {}              # addr -> id, freed with stream uses, not yet completed
@@ -204,6 +205,8 @@ def convert(entries: list) -> Conversion:
             reserved += size if code in "am" else -size
             out.recorded_peak_reserved = max(out.recorded_peak_reserved, reserved)
             out.segments.append((out.events, code, size, stream_index(entry.get("stream"))))
+            if code == "a" and addr:
+                out.lines.append(f"d {size} {addr}")
     if out.allocs == 0:
         raise PlanError("the snapshot's trace has no allocations to replay")
     return out

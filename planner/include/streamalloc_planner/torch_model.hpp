@@ -17,6 +17,9 @@
 //    at the event list's `c` line, or at the next allocation when the list has none;
 //  - the out-of-memory path under a cap: release oversize free segments (with max_split_size), then
 //    wait for every pending event and release every entirely free segment, then retry once;
+//  - addresses: a segment goes where the recorded run's device put the same-sized segment (the
+//    event list's `d` lines, taken in order while that range is free here), else above them all;
+//    best fit breaks ties between equal sizes by address, so the addresses steer which block is reused;
 //  - expandable_segments: one growing address range per (stream, size class), mapped in 2 MiB
 //    (small) or 20 MiB (large) pages; the out-of-memory path unmaps the free pages.
 // Not modelled: CUDA graph private pools, garbage_collection_threshold, free-memory callbacks,
@@ -27,11 +30,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <set>
 #include <string>
 #include <string_view>
 #include <unordered_set>
 #include <vector>
+
+#include "streamalloc_planner/events.hpp"
 
 namespace streamalloc::planner {
 
@@ -71,6 +77,8 @@ class TorchModel {
   TorchModel& operator=(const TorchModel&) = delete;
 
   void set_event_index(std::size_t index) { event_index_ = index; }
+  // The recorded device's segment addresses (EventList::placements), for the segments to come.
+  void follow_placements(std::vector<Placement> placements);
   // Allocate `size` requested bytes on `stream` for `slot`. False: out of memory under the cap
   // (cached memory was released on the way, as PyTorch does; the slot stays empty).
   bool malloc(std::uint32_t slot, std::size_t size, std::uint32_t stream, bool complete_pending = true);
@@ -114,6 +122,7 @@ class TorchModel {
   void complete_all_pending();
   void note(char action, std::size_t size, std::uint32_t stream);
   void grow_reserved(std::size_t bytes);
+  std::uint64_t place_segment(std::size_t size);
   Block* make_block(const Block& from);
   void drop(Block* block);
 
@@ -125,7 +134,11 @@ class TorchModel {
   std::vector<Block*> slots_;
   std::vector<Block*> pending_;
   std::vector<std::uint32_t> pending_slot_;  // the slot each pending block was freed from
-  std::uint64_t next_address_ = 1ull << 40;
+  std::uint64_t next_address_ = 1ull << 52;  // above any address a device hands out
+  std::vector<Placement> placements_;
+  std::vector<bool> placement_taken_;
+  std::size_t first_open_placement_ = 0;
+  std::map<std::uint64_t, std::size_t> segments_;  // base -> size of each segment not expandable
   std::size_t event_index_ = 0;
   std::size_t reserved_ = 0, peak_reserved_ = 0, allocated_ = 0, peak_allocated_ = 0;
   std::size_t device_allocs_ = 0, device_frees_ = 0, alloc_retries_ = 0;
