@@ -26,7 +26,7 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
   if (requested > size_policy::kMaxRequest || requested > memory_.total_bytes()) throw_out_of_memory(requested, stream);
   Shard& own = shards_.get(stream);  // first sight of a stream checks that it belongs to this device
   own.count(&StreamCounts::allocations_device_locked);
-  const StatsLedger::Serving serving(ledger_, own.stats);
+  const StatsLedger::Serving serving(ledger_, own.stats_part());
   MemoryPool& pool = pools_.pool_for(stream);
   if (fences_.has_capture_frees()) fences_.reuse_capture_frees(stream);
   const std::size_t size = rounding_.round(requested);
@@ -84,7 +84,7 @@ void* DeviceCache::allocate_locked(std::size_t requested, Stream stream) {
     if (Block* hot = take_hot_after_poll()) return hand_out_hot(own, hot, requested);
     block = free_.find(pool, kind, size, stream, expandable_.grows(pool));
     // Up to hot_list_mb of the stream's hot blocks stay hot through a small miss: a new segment first.
-    if (block == nullptr && kind == SizeClass::kSmall && own.hot.bytes() < options_.hot_list_bytes &&
+    if (block == nullptr && kind == SizeClass::kSmall && own.hot_bytes() < options_.hot_list_bytes &&
         pools_.is_default(&pool) && !expandable_.grows(pool)) {
       block = reserve_segment(pool, kind, size, stream);
     }

@@ -41,7 +41,7 @@ void DeviceCache::release_pending(Block* block, Clock::time_point now) {
   block->recorded_streams.clear();
   if (fences_.releases_to_hot() && (aids_ == nullptr || !aids_->beyond_history()) &&
       pools_.is_default(block->segment->owner) && block->segment->size_class == SizeClass::kSmall &&
-      !expandable_.grows(pools_.default_pool()) && owner.hot.has_room(block->size) && !owner.fence_completed(block)) {
+      !expandable_.grows(pools_.default_pool()) && owner.hot_has_room(block->size) && !owner.fence_completed(block)) {
     free_.make_hot(owner, block);
     return;
   }

@@ -38,7 +38,7 @@ bool DeviceCache::deallocate_locked(std::uintptr_t address, std::size_t size_hin
   Shard& owner = shards_.get(block->stream);
   owner.note_thread();
   owner.count(&StreamCounts::frees_device_locked);
-  const StatsLedger::Serving serving(ledger_, owner.stats);
+  const StatsLedger::Serving serving(ledger_, owner.stats_part());
   free_live(block);
   return true;
 }

@@ -74,10 +74,10 @@ void DeviceCache::validate() const {
       expected_address = b->address + b->size;
       covered += b->size;
       const auto size = static_cast<std::int64_t>(b->size);
-      const bool in_unsettled = segment->owner->free.contains_owned(const_cast<Block*>(b));
-      const bool in_settled = segment->owner->free.contains_settled(const_cast<Block*>(b));
+      const bool in_unsettled = segment->owner->holds_owned(b);
+      const bool in_settled = segment->owner->holds_settled(b);
       const Shard* shard = shards_.find(b->stream);
-      const Block* live = shard == nullptr ? nullptr : shard->live.find(b->address);
+      const Block* live = shard == nullptr ? nullptr : shard->find_live(b->address);
       const bool belongs_in_shard = b->state == BlockState::kAllocated || (b->state == BlockState::kFree && b->hot);
       if (b->in_shard != belongs_in_shard) {
         broken(device_, "block " + hex(b->address) +
@@ -193,9 +193,9 @@ void DeviceCache::validate() const {
   if (shard_indexed != shards_.indexed_count()) broken(device_, "the index of shard blocks holds blocks of no segment");
   std::size_t indexed[2] = {0, 0};
   for (const auto& [pool, segments] : pool_segments) {
-    if (pool->segments != segments) broken(device_, "a pool's segment count disagrees with its segments");
-    indexed[0] += pool->free.owned_count();
-    indexed[1] += pool->free.settled_count();
+    if (pool->segment_count() != segments) broken(device_, "a pool's segment count disagrees with its segments");
+    indexed[0] += pool->owned_count();
+    indexed[1] += pool->settled_count();
   }
   if (indexed[0] != free_blocks[0] || indexed[1] != free_blocks[1]) broken(device_, "a free index holds stale blocks");
 
@@ -231,7 +231,7 @@ void DeviceCache::validate() const {
     check.held_bytes = held_bytes;
     check.pending_of = [this](Stream stream) -> const StreamPending* {
       const Shard* shard = shards_.find(stream);
-      return shard == nullptr ? nullptr : &shard->fences.pending_stats();
+      return shard == nullptr ? nullptr : &shard->pending_stats();
     };
     aids_->validate(check);
   }

@@ -23,6 +23,12 @@ struct MemoryPool {
   // pool once it holds none. The default pool is never freeable.
   bool freeable() const { return !is_default() && use_count == 0; }
   void note_segment(int change) { segments = static_cast<std::size_t>(static_cast<std::ptrdiff_t>(segments) + change); }
+  std::size_t segment_count() const { return segments; }
+  // The free lists, read-only (validate): whether `block` is in the owned index / settled, and how many are.
+  bool holds_owned(const Block* block) const { return free.contains_owned(const_cast<Block*>(block)); }
+  bool holds_settled(const Block* block) const { return free.contains_settled(const_cast<Block*>(block)); }
+  std::size_t owned_count() const { return free.owned_count(); }
+  std::size_t settled_count() const { return free.settled_count(); }
 
   const PoolId id;
   FreeLists free;

@@ -105,6 +105,13 @@ struct alignas(kCacheLine) Shard {
     hot.push(block);
     publish_hot();
   }
+  std::size_t hot_bytes() const { return hot.bytes(); }
+  bool hot_has_room(std::size_t size) const { return hot.has_room(size); }
+  // The live block at `address`, nullptr when none.
+  const Block* find_live(std::uintptr_t address) const { return live.find(address); }
+  // This shard's part of the stats, for the ledger while a device-locked call serves this stream.
+  ShardStats& stats_part() { return stats; }
+  const StreamPending& pending_stats() const { return fences.pending_stats(); }
   // Without the lock: whether the hot list may hold a block (a stale answer only costs a look).
   bool has_hot() const { return hot_count.load(std::memory_order_relaxed) != 0; }
   // A block freed on this stream joins the open batch: the sequence number whose fence settles it.
