@@ -155,11 +155,7 @@ class FenceEngine {
   // clock a time-stamp-counter deadline, which the fast path reads without a clock call; on a replay
   // clock the tick of the newest poll.
   void publish_pending_poll(bool blocks_pending) const {
-    std::uint64_t after = kNoPendingPoll;
-    if (blocks_pending) {
-      after = replay_clock_ != nullptr ? static_cast<std::uint64_t>(last_pending_poll_.time_since_epoch().count())
-                                       : last_poll_cycles_ + tick_cycles();
-    }
+    const std::uint64_t after = blocks_pending ? poll_deadline_ : kNoPendingPoll;
     if (poll_after_.load(std::memory_order_relaxed) != after) poll_after_.store(after, std::memory_order_relaxed);
   }
   // Lock-free: the fast path's question.
@@ -192,7 +188,9 @@ class FenceEngine {
   // A poll of pending blocks at time `now` (on the pacing's clock; a coarse tick or later within it).
   void note_pending_poll(Clock::time_point now) {
     last_pending_poll_ = std::max(last_pending_poll_, now);
-    last_poll_cycles_ = cycle_clock::now();
+    poll_deadline_ = replay_clock_ != nullptr
+                         ? static_cast<std::uint64_t>(last_pending_poll_.time_since_epoch().count())
+                         : cycle_clock::now() + tick_cycles();
   }
   // A coarse tick in time-stamp-counter ticks (measured once per process, at the first publication).
   static std::uint64_t tick_cycles() {
@@ -230,7 +228,9 @@ class FenceEngine {
   CaptureReuse capture_reuse_;
   Clock::time_point last_fence_pass_{};
   Clock::time_point last_pending_poll_{};  // the pacing's clock: a coarse tick, or a free's time within one
-  std::uint64_t last_poll_cycles_ = 0;     // cycle_clock, at the same poll
+  // When the fast path should next leave while blocks are pending, as publish_pending_poll publishes it:
+  // a cycle_clock deadline one coarse tick after the newest poll, or on a replay clock that poll's time.
+  std::uint64_t poll_deadline_ = 0;
   bool release_to_hot_ = false;
   // What publish_pending_poll publishes (the deadline, or on a replay clock the newest poll's time;
   // kNoPendingPoll while no block is pending): on a cache line of its own, which the fast path reads and
