@@ -102,9 +102,10 @@ RunResult run_torch(const EventList& list, const TorchConfig& config, std::size_
 // When the event list carries completion points (`c` lines: when PyTorch saw the events of a block's
 // stream uses complete, which says that the GPU had got past the block's free on those streams), the
 // device runs in manual mode: a record_stream enqueues work on the using stream, and at the block's
-// `c` line the using streams and the block's allocation stream run exactly as far as they had got
-// when the block was freed (the fences streamalloc recorded up to that free complete; later ones wait
-// for a later `c`), so the GPU is as far behind the host as it was in the job. Without them the
+// `c` line every stream runs exactly as far as it had got when the block was freed (the fences
+// streamalloc recorded up to that free complete; later ones wait for a later `c`), so the GPU is as
+// far behind the host as it was in the job. Every stream, not only the block's: one GPU ran them all,
+// and a stream whose blocks are never used elsewhere has no completion points of its own. Without them the
 // device is eager (always idle) and pending blocks settle at the next allocation, as the PyTorch
 // model does.
 //
@@ -150,7 +151,6 @@ RunResult run_streamalloc(const EventList& list, const std::string& conf, std::s
     };
     std::vector<Live> slots(list.slots);
     std::vector<std::vector<std::uint32_t>> uses(list.slots);  // streams recorded on, until the `c` line
-    std::vector<std::uint32_t> alloc_stream(list.slots);
     bool frees_pending = false;
     std::size_t alloc_index = 0;
     for (std::size_t i = 0; i < list.events.size(); ++i) {
@@ -165,7 +165,6 @@ RunResult run_streamalloc(const EventList& list, const std::string& conf, std::s
           try {
             void* ptr = allocator.allocate(std::max<std::size_t>(e.size, 1), 0, streams[e.stream]);
             slots[e.slot] = Live{ptr, std::max<std::size_t>(e.size, 1), e.stream, false};
-            alloc_stream[e.slot] = e.stream;
           } catch (const Error& error) {
             if (error.code() != ErrorCode::kOutOfMemory) throw;
             out.failed = true;
@@ -179,12 +178,11 @@ RunResult run_streamalloc(const EventList& list, const std::string& conf, std::s
           Live& live = slots[e.slot];
           if (live.ptr) allocator.deallocate(live.ptr, live.size, 0, streams[live.stream]);
           if (manual && !uses[e.slot].empty()) {
-            // After the free: a fence the free recorded is behind the block's last use.
+            // After the free: a fence the free recorded is behind the block's last use. Every stream is
+            // marked: one GPU ran them all, and the completion says how far behind the host it was.
             marks[e.slot].clear();
-            for (std::uint32_t s : uses[e.slot])
+            for (std::uint32_t s = 0; s < list.streams; ++s)
               marks[e.slot].emplace_back(s, ran[s] + backend->queued_items(0, streams[s]));
-            const std::uint32_t a = alloc_stream[e.slot];
-            marks[e.slot].emplace_back(a, ran[a] + backend->queued_items(0, streams[a]));
           }
           frees_pending = frees_pending || live.used_elsewhere;
           live = Live{};
