@@ -235,7 +235,7 @@ inline void* DeviceCache::allocate_cached(std::size_t requested, Stream stream) 
   // The stream's own hot list, under its shard lock alone.
   if (fast_path_.load(std::memory_order_relaxed) && !fences_.pending_poll_due()) {
     if (Shard* shard = shards_.find_published(stream))
-      return shard->allocate_hot(requested, rounding_, options_, memory_.total());
+      return shard->allocate_hot(requested, rounding_, options_, memory_.total(), ledger_.shared_headroom());
   }
   return nullptr;
 }
@@ -247,7 +247,8 @@ inline bool DeviceCache::deallocate_cached(void* ptr, std::size_t size_hint, Str
   const Stream shard_stream = stream_hint != 0 ? stream_hint : look_first;
   if (fast_path_.load(std::memory_order_relaxed)) {
     if (Shard* shard = shards_.find_published(shard_stream)) {
-      return shard->free_to_hot(reinterpret_cast<std::uintptr_t>(ptr), size_hint, options_, &pools_.default_pool());
+      return shard->free_to_hot(reinterpret_cast<std::uintptr_t>(ptr), size_hint, options_, &pools_.default_pool(),
+                                ledger_.shared_headroom());
     }
   }
   return false;

@@ -27,6 +27,24 @@ bool hot_reuse_covered(const ShardStats& stats, int size_class, std::int64_t siz
   return covered;
 }
 
+// What hot_reuse_covered found missing, taken from the shared headroom. Out of line: the common case
+// (the shard holds the headroom) does not pay for it.
+[[gnu::noinline]] bool cover_hot_reuse(ShardStats& stats, SharedHeadroom& shared, int size_class, std::int64_t size,
+                                       std::int64_t requested) {
+  bool covered = true;
+  for_each_hot_reuse_raise(size, requested, [&](FastStat s, std::int64_t amount) {
+    covered = covered && cover_from(stats, shared, s, size_class, amount);
+  });
+  return covered;
+}
+
+// What make_hot_covered found missing, taken from the shared headroom; out of line as cover_hot_reuse.
+[[gnu::noinline]] bool cover_make_hot(ShardStats& stats, SharedHeadroom& shared, const Block* block) {
+  const int size_class = class_index(block->segment->size_class);
+  return cover_from(stats, shared, kInactiveSplit, size_class, 1) &&
+         cover_from(stats, shared, kInactiveSplitBytes, size_class, static_cast<std::int64_t>(block->size));
+}
+
 bool make_hot_covered(const ShardStats& stats, const Block* block) {
   if (!block->split_in_shard || block->counted_inactive_split) return true;  // no inactive split to count
   const int size_class = class_index(block->segment->size_class);
@@ -99,7 +117,7 @@ void SettleList::remove(Block* block) {
 }
 
 void* Shard::allocate_hot(std::size_t requested, const size_policy::Rounding& rounding, const Options& options,
-                          const std::atomic<std::size_t>& device_total) {
+                          const std::atomic<std::size_t>& device_total, SharedHeadroom& shared) {
   if (hot_count.load(std::memory_order_relaxed) == 0) return nullptr;  // an empty hot list: not even a look
   // Unknown device size, or a request larger than the device: the device-locked path reports it.
   const std::size_t total = device_total.load(std::memory_order_relaxed);
@@ -111,9 +129,12 @@ void* Shard::allocate_hot(std::size_t requested, const size_policy::Rounding& ro
   if (!live.has_room()) return nullptr;
   Block* block = hot.find(size);
   if (block == nullptr) return nullptr;
-  // A new peak, or headroom left elsewhere: the device-locked path gathers it.
-  if (!hot_reuse_covered(stats, class_index(size_policy::size_class_for(size)), static_cast<std::int64_t>(size),
-                         static_cast<std::int64_t>(requested))) {
+  // Headroom the shared headroom does not hold either (a new peak, or headroom other shards keep): the
+  // device-locked path gathers it.
+  const int size_class = class_index(size_policy::size_class_for(size));
+  if (!hot_reuse_covered(stats, size_class, static_cast<std::int64_t>(size), static_cast<std::int64_t>(requested)) &&
+      !cover_hot_reuse(stats, shared, size_class, static_cast<std::int64_t>(size),
+                       static_cast<std::int64_t>(requested))) {
     return nullptr;
   }
   remove_hot(block);
@@ -136,14 +157,15 @@ void Shard::reuse_hot(Block* block, std::size_t requested) {
 }
 
 bool Shard::free_to_hot(std::uintptr_t address, std::size_t size_hint, const Options& options,
-                        const MemoryPool* default_pool) {
+                        const MemoryPool* default_pool, SharedHeadroom& shared) {
   ShardGuard guard(*this);
   const LiveMap::Found found = live.lookup(address);
   Block* block = found.block;
   if (block == nullptr) return false;  // another stream's block, or a bad free
   if (size_hint != 0 && size_hint != block->requested) return false;
   if (!block->recorded_streams.empty() || block->segment->owner != default_pool ||
-      size_policy::is_oversize(block->size, options) || !hot.has_room(block->size) || !make_hot_covered(stats, block)) {
+      size_policy::is_oversize(block->size, options) || !hot.has_room(block->size) ||
+      (!make_hot_covered(stats, block) && !cover_make_hot(stats, shared, block))) {
     return false;
   }
   live.erase_at(found);

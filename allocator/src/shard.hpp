@@ -90,11 +90,12 @@ struct alignas(kCacheLine) Shard {
   // path, with nothing changed. The caller's gate has ruled out debugging aids, routes and capture uses
   // (DeviceCache::update_fast_path); `rounding`: the cache's request rounding; `device_total`: the
   // device's memory, 0 while unknown.
+  // `shared`: the headroom any shard may take (shard_stats.hpp).
   void* allocate_hot(std::size_t requested, const size_policy::Rounding& rounding, const Options& options,
-                     const std::atomic<std::size_t>& device_total);
+                     const std::atomic<std::size_t>& device_total, SharedHeadroom& shared);
   // A free of a live block without other uses of `default_pool`, back to the hot list.
   bool free_to_hot(std::uintptr_t address, std::size_t size_hint, const Options& options,
-                   const MemoryPool* default_pool);
+                   const MemoryPool* default_pool, SharedHeadroom& shared);
   // Both paths, `lock` held: `block`, taken from the hot list (take_hot), becomes live here.
   void reuse_hot(Block* block, std::size_t requested);
   // Device-locked paths, `lock` held: a block enters or leaves the live table, or becomes hot.

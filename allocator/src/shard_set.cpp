@@ -59,21 +59,41 @@ Block* ShardSet::find_live(std::uintptr_t address) {
   return block->state == BlockState::kAllocated ? block : nullptr;
 }
 
-// Shard by shard, each locked until the call returns: the shards not visited keep running their fast
-// paths. A shard with live blocks gives only what is missing and keeps the rest for its stream's next
-// allocations; a shard with none, a stream between its requests or done, gives all it has, so that
-// the device's headroom covers the allocations that follow without a gather each (streams taking
-// turns). Only when every shard has given all it has is the device's current known with nothing
-// moving, and a peak may rise.
-void ShardSet::gather_headroom(FastStat s, int p, std::int64_t needed, std::int64_t& device) {
+// Shard by shard, each locked until the call returns: the shards not visited yet keep running their
+// fast paths. Every shard gives all it has, of every stat at once (the draws for the other stats of the
+// same call then find it shared): what the device lacks goes to it, the rest to the shared headroom,
+// where whichever stream raises its stats next takes it without the device lock (a stream that gave
+// takes it back there too). The shard the call serves (`keep`) gives only what the device lacks of this
+// stat: the call may be about to spend its other headroom. Once every shard has given, the device's
+// current is known with nothing moving, and a peak may rise.
+void ShardSet::gather_headroom(FastStat s, int p, std::int64_t needed, std::int64_t& device, SharedHeadroom& shared,
+                               const ShardStats* keep) {
   for (const auto& [stream, shard] : shards_) {
-    if (device >= needed) break;
     lock(*shard);
-    std::int64_t& part = shard->stats.headroom[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
-    const std::int64_t take = shard->live.size() == 0 ? part : std::min(part, needed - device);
-    device += take;
-    part -= take;
-    if (take > 0) ++shard->counts.headroom_given;
+    if (&shard->stats == keep) {
+      std::int64_t& part = shard->stats.headroom[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
+      const std::int64_t take = std::min(part, std::max<std::int64_t>(needed - device, 0));
+      device += take;
+      part -= take;
+      if (take > 0) ++shard->counts.headroom_given;
+      continue;
+    }
+    bool gave = false;
+    for (std::size_t i = 0; i < kFastStats; ++i) {
+      for (std::size_t q = 0; q < kSizeClasses; ++q) {
+        std::int64_t& part = shard->stats.headroom[i][q];
+        if (part == 0) continue;
+        std::int64_t to_device = 0;
+        if (i == static_cast<std::size_t>(s) && q == static_cast<std::size_t>(p)) {
+          to_device = std::min(part, std::max<std::int64_t>(needed - device, 0));
+          device += to_device;
+        }
+        if (part > to_device) shared.give(static_cast<FastStat>(i), static_cast<int>(q), part - to_device);
+        part = 0;
+        gave = true;
+      }
+    }
+    if (gave) ++shard->counts.headroom_given;
   }
 }
 

@@ -102,7 +102,8 @@ class ShardSet final : public HeadroomDonors {
   bool any_capturing() const;
   // Moves shards' headroom of `s` at class index `p` to the device's until it holds `needed` or every
   // shard (each locked until the call returns) has given all.
-  void gather_headroom(FastStat s, int p, std::int64_t needed, std::int64_t& device) override;
+  void gather_headroom(FastStat s, int p, std::int64_t needed, std::int64_t& device, SharedHeadroom& shared,
+                       const ShardStats* keep) override;
 
  private:
   Shard& find_or_add(Stream stream);

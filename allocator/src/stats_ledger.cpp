@@ -11,9 +11,15 @@ namespace streamalloc {
 // peak, to exactly the device's current after the increase (every shard is locked then).
 void StatsLedger::draw_headroom(FastStat s, int p, std::int64_t amount) {
   std::int64_t& headroom = headroom_[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
+  // From the shared headroom the device takes twice what it lacks, so that the device-locked increases
+  // that follow (a stream's turn of allocations) find some in the device's own.
+  if (headroom < amount) headroom += shared_.take_up_to(s, p, kSharedDraw * amount - headroom);
   if (headroom < amount) {
     ++stats_.headroom_gathers;
-    donors_.gather_headroom(s, p, amount, headroom);
+    donors_.gather_headroom(s, p, amount, headroom, shared_, topping_up_ != nullptr ? topping_up_ : serving_);
+    // Every shard is locked once the gather falls short: no fast path moves shared headroom now, and
+    // what one left there while the gather went round is counted before the peak rises.
+    if (headroom < amount) headroom += shared_.take_up_to(s, p, amount - headroom);
   }
   if (headroom < amount) {
     (stats_.*kFastStatFields[static_cast<std::size_t>(s)])[static_cast<std::size_t>(p)].peak += amount - headroom;
@@ -28,6 +34,8 @@ void StatsLedger::draw_headroom(FastStat s, int p, std::int64_t amount) {
 // headroom does not pile up where no allocation will use it.
 void StatsLedger::give_headroom_for_hot_reuse(Shard& shard, const Block* block, std::size_t requested) {
   const int size_class = class_index(block->segment->size_class);
+  // The cells given first must still be there when the last is drawn: a gather leaves this shard's alone.
+  topping_up_ = &shard.stats;
   const auto give = [&](FastStat s, std::int64_t amount) {
     for (const int p : {0, size_class}) {
       std::int64_t& own = shard.stats.headroom[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
@@ -40,6 +48,7 @@ void StatsLedger::give_headroom_for_hot_reuse(Shard& shard, const Block* block, 
     }
   };
   for_each_hot_reuse_raise(static_cast<std::int64_t>(block->size), static_cast<std::int64_t>(requested), give);
+  topping_up_ = nullptr;
 }
 
 // A device-locked allocation spends its stream's shard's headroom first (`shard`, locked), where a
@@ -164,6 +173,7 @@ void StatsLedger::reset_peaks(ShardSet& shards) {
     shard->fences.pending_stats().pending_bytes.reset_peak();
     for (auto& room : shard->stats.headroom) room.fill(0);
   }
+  shared_.clear();
 }
 
 void StatsLedger::reset_accumulated(ShardSet& shards) {
@@ -185,6 +195,8 @@ DeviceStats StatsLedger::validate(int device, const ShardSet& shards) const {
       const std::string name = std::string(kFastStatNames[s]) + "." + kClassKeys[p];
       std::int64_t headroom = headroom_[s][p];
       if (headroom < 0) invariant::broken(device, name + ": the device's headroom is negative");
+      if (shared_.held(s, p) < 0) invariant::broken(device, name + ": the shared headroom is negative");
+      headroom += shared_.held(s, p);
       for (const auto& [stream, shard] : shards) headroom += shard->stats.headroom[s][p];
       const Stat& stat = (stats.*kFastStatFields[s])[p];
       if (stat.current + headroom != stat.peak) {

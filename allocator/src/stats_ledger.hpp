@@ -167,6 +167,10 @@ class StatsLedger {
     return headroom_[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
   }
 
+  // The headroom no shard holds (shard_stats.hpp): the fast paths take from it and leave in it without
+  // the device lock.
+  SharedHeadroom& shared_headroom() { return shared_; }
+
   // ---- the device lock's acquisitions and times (in cycle_clock ticks); DeviceLock writes them under the lock
   void add_lock_acquisition() const { ++lock_acquisitions_; }
   std::int64_t lock_acquisitions() const { return lock_acquisitions_; }
@@ -182,16 +186,19 @@ class StatsLedger {
     draw_headroom(s, 0, amount);
     draw_headroom(s, q, amount);
   }
-  // Takes `amount` of the device's headroom of `s` at class index `p`: gathered from the shards where
-  // it falls short, and what they lack too raises the peak.
+  // Takes `amount` of the device's headroom of `s` at class index `p`: taken from the shared headroom,
+  // then gathered from the shards, where it falls short, and what they lack too raises the peak.
   void draw_headroom(FastStat s, int p, std::int64_t amount);
+  static constexpr std::int64_t kSharedDraw = 2;
   template <typename F>
   void for_each_stat(F&& visit);
 
   HeadroomDonors& donors_;
-  ShardStats* serving_ = nullptr;  // Serving
+  ShardStats* serving_ = nullptr;     // Serving
+  ShardStats* topping_up_ = nullptr;  // give_headroom_for_hot_reuse's shard, while it gives
   DeviceStats stats_;
   Headroom headroom_{};  // the device's, per stat and class index
+  SharedHeadroom shared_;
   bool accumulated_reset_ = false;
   mutable std::int64_t lock_acquisitions_ = 0;
   mutable std::uint64_t lock_wait_ticks_ = 0;

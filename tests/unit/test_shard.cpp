@@ -34,12 +34,13 @@ Block* live_block(CacheParts& parts, Shard& shard, std::uintptr_t address) {
 TEST(Shard, TheFastPathPutsAFreedBlockInTheHotListAndTakesItBack) {
   CacheParts parts;
   Shard shard(parts.sim.create_stream(0));
+  SharedHeadroom shared;
   const std::atomic<std::size_t> total{kTotal};
   const size_policy::Rounding rounding(parts.options.roundup_power2_divisions);
   Block* block = live_block(parts, shard, 0x200000);
-  EXPECT_EQ(shard.allocate_hot(4000, rounding, parts.options, total), nullptr) << "an empty hot list";
-  EXPECT_FALSE(shard.free_to_hot(block->address, 4096, parts.options, &parts.pool)) << "the wrong size";
-  ASSERT_TRUE(shard.free_to_hot(block->address, 0, parts.options, &parts.pool));
+  EXPECT_EQ(shard.allocate_hot(4000, rounding, parts.options, total, shared), nullptr) << "an empty hot list";
+  EXPECT_FALSE(shard.free_to_hot(block->address, 4096, parts.options, &parts.pool, shared)) << "the wrong size";
+  ASSERT_TRUE(shard.free_to_hot(block->address, 0, parts.options, &parts.pool, shared));
   EXPECT_TRUE(block->hot);
   EXPECT_EQ(block->state, BlockState::kFree);
   EXPECT_TRUE(shard.has_hot());
@@ -47,10 +48,10 @@ TEST(Shard, TheFastPathPutsAFreedBlockInTheHotListAndTakesItBack) {
   EXPECT_EQ(shard.counts.frees_cached, 1);
 
   const std::atomic<std::size_t> unknown{0};
-  EXPECT_EQ(shard.allocate_hot(4000, rounding, parts.options, unknown), nullptr)
+  EXPECT_EQ(shard.allocate_hot(4000, rounding, parts.options, unknown, shared), nullptr)
       << "the device's size is not known yet";
-  EXPECT_EQ(shard.allocate_hot(8192, rounding, parts.options, total), nullptr) << "no hot block of that size";
-  EXPECT_EQ(shard.allocate_hot(4000, rounding, parts.options, total), reinterpret_cast<void*>(block->address));
+  EXPECT_EQ(shard.allocate_hot(8192, rounding, parts.options, total, shared), nullptr) << "no hot block of that size";
+  EXPECT_EQ(shard.allocate_hot(4000, rounding, parts.options, total, shared), reinterpret_cast<void*>(block->address));
   EXPECT_FALSE(block->hot);
   EXPECT_EQ(block->state, BlockState::kAllocated);
   EXPECT_EQ(block->requested, 4000u);
@@ -60,22 +61,56 @@ TEST(Shard, TheFastPathPutsAFreedBlockInTheHotListAndTakesItBack) {
   shard.erase_live(block);
 }
 
+TEST(Shard, TheFastPathTakesTheHeadroomItLacksFromTheSharedHeadroom) {
+  CacheParts parts;
+  Shard shard(parts.sim.create_stream(0));
+  SharedHeadroom shared;
+  const std::atomic<std::size_t> total{kTotal};
+  const size_policy::Rounding rounding(parts.options.roundup_power2_divisions);
+  Block* block = live_block(parts, shard, 0x200000);
+  const auto bytes = static_cast<std::size_t>(kAllocatedBytes);
+  const int small = class_index(SizeClass::kSmall);
+  ASSERT_TRUE(shard.free_to_hot(block->address, 0, parts.options, &parts.pool, shared));
+  // Without headroom of its own the shard takes what it lacks from the shared headroom, without the
+  // device lock, and only that.
+  for (auto& room : shard.stats.headroom) room.fill(0);
+  for (std::size_t s = 0; s < kFastStats; ++s) {
+    shared.give(static_cast<FastStat>(s), 0, 1 << 20);
+    shared.give(static_cast<FastStat>(s), small, 1 << 20);
+  }
+  EXPECT_EQ(shard.allocate_hot(4000, rounding, parts.options, total, shared), reinterpret_cast<void*>(block->address));
+  EXPECT_EQ(shard.stats.headroom[bytes][0], 0);
+  EXPECT_EQ(shared.held(bytes, 0), (1 << 20) - 4096);
+  // With too little shared either, the device-locked path decides; what was taken stays the shard's.
+  ASSERT_TRUE(shard.free_to_hot(block->address, 0, parts.options, &parts.pool, shared));
+  for (auto& room : shard.stats.headroom) room.fill(0);
+  shared.clear();
+  shared.give(kAllocation, 0, 1);
+  shared.give(kAllocation, small, 1);
+  EXPECT_EQ(shard.allocate_hot(4000, rounding, parts.options, total, shared), nullptr);
+  EXPECT_TRUE(block->hot) << "nothing changed but the headroom";
+  EXPECT_EQ(shard.stats.headroom[static_cast<std::size_t>(kAllocation)][0], 1);
+  EXPECT_EQ(shared.held(static_cast<std::size_t>(kAllocation), 0), 0);
+  shard.remove_hot(block);
+}
+
 TEST(Shard, TheFastPathLeavesOtherUsesPrivatePoolsAndAFullListToTheDeviceLock) {
   CacheParts parts;
   Shard shard(parts.sim.create_stream(0));
+  SharedHeadroom shared;
   Block* block = live_block(parts, shard, 0x200000);
   block->recorded_streams = {0x99};
-  EXPECT_FALSE(shard.free_to_hot(block->address, 0, parts.options, &parts.pool)) << "a block with other uses";
+  EXPECT_FALSE(shard.free_to_hot(block->address, 0, parts.options, &parts.pool, shared)) << "a block with other uses";
   block->recorded_streams.clear();
   MemoryPool other(PoolId{1, 1}, CrossStreamReuse::kSettled);
-  EXPECT_FALSE(shard.free_to_hot(block->address, 0, parts.options, &other)) << "not the default pool's block";
+  EXPECT_FALSE(shard.free_to_hot(block->address, 0, parts.options, &other, shared)) << "not the default pool's block";
   EXPECT_EQ(shard.live.find(block->address), block) << "nothing changed";
   EXPECT_FALSE(block->hot);
 
   std::vector<std::pair<std::size_t, Stream>> layout(HotList::kMaxBlocks, {512, 0});
   Segment& segment = parts.tiled(SizeClass::kSmall, 0x400000, layout);
   for (Block* b = segment.head; b != nullptr; b = b->next) shard.push_hot(b);
-  EXPECT_FALSE(shard.free_to_hot(block->address, 0, parts.options, &parts.pool)) << "a hot list at its bounds";
+  EXPECT_FALSE(shard.free_to_hot(block->address, 0, parts.options, &parts.pool, shared)) << "a hot list at its bounds";
   EXPECT_EQ(shard.live.find(block->address), block);
   while (shard.has_hot()) shard.remove_hot(shard.hot.oldest());
   shard.erase_live(block);
@@ -84,6 +119,7 @@ TEST(Shard, TheFastPathLeavesOtherUsesPrivatePoolsAndAFullListToTheDeviceLock) {
 TEST(Shard, ValidateCountsItsBlocksAndFindsABlockInTheWrongState) {
   CacheParts parts;
   Shard shard(parts.sim.create_stream(0));
+  SharedHeadroom shared;
   Block* block = live_block(parts, shard, 0x200000);
   Block* other = block->next;
   other->in_shard = true;

@@ -101,9 +101,9 @@ TEST(ShardSet, TheIndexOfShardBlocksFindsLiveBlocksOnly) {
 namespace streamalloc {
 namespace {
 
-// The ledger's donors, in stream order, locked as each is asked: a shard with live blocks gives only
-// what is still missing, a shard with none all it has.
-TEST(ShardSet, GatherHeadroomTakesWhatIsMissingFromBusyShardsAndAllFromIdleOnes) {
+// The ledger's donors, in stream order, locked as each is asked: every shard gives all it has, the
+// device what it lacks and the shared headroom the rest.
+TEST(ShardSet, GatherHeadroomTakesAllFromEveryShardAndSharesWhatTheDeviceDoesNotNeed) {
   SimBackend sim;
   ShardSet set(sim, 0);
   const Stream idle = sim.create_stream(0);
@@ -114,16 +114,16 @@ TEST(ShardSet, GatherHeadroomTakesWhatIsMissingFromBusyShardsAndAllFromIdleOnes)
   Block& block = allocated.block;
   set.get(busy).live.insert(block.address, &block);
   for (Stream s : {idle, busy}) set.get(s).stats.headroom[kAllocation][0] = 5;
+  SharedHeadroom shared;
   std::int64_t device = 0;
-  set.gather_headroom(kAllocation, 0, 3, device);
-  EXPECT_EQ(device, 5) << "the idle shard gave all it had";
+  set.gather_headroom(kAllocation, 0, 3, device, shared, nullptr);
+  EXPECT_EQ(device, 3);
+  EXPECT_EQ(shared.held(kAllocation, 0), 7);
   EXPECT_EQ(set.get(idle).stats.headroom[kAllocation][0], 0);
-  EXPECT_EQ(set.get(busy).stats.headroom[kAllocation][0], 5) << "not asked: the device had enough";
-  set.gather_headroom(kAllocation, 0, 9, device);
-  EXPECT_EQ(device, 9);
-  EXPECT_EQ(set.get(busy).stats.headroom[kAllocation][0], 1) << "the busy shard gave only what was missing";
-  set.gather_headroom(kAllocation, 0, 20, device);
-  EXPECT_EQ(device, 10) << "every shard gave all it had";
+  EXPECT_EQ(set.get(busy).stats.headroom[kAllocation][0], 0);
+  EXPECT_EQ(set.get(busy).counts.headroom_given, 1);
+  set.gather_headroom(kAllocation, 0, 20, device, shared, nullptr);
+  EXPECT_EQ(device, 3) << "nothing left to give";
   set.get(busy).live.erase(block.address);
 }
 

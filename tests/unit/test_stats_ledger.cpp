@@ -17,14 +17,15 @@ namespace {
 struct Donors : HeadroomDonors {
   std::vector<ShardStats*> shards;
   int asked = 0;
-  void gather_headroom(FastStat s, int p, std::int64_t needed, std::int64_t& device) override {
+  void gather_headroom(FastStat s, int p, std::int64_t needed, std::int64_t& device, SharedHeadroom& shared,
+                       const ShardStats* /*keep*/) override {
     for (ShardStats* shard : shards) {
-      if (device >= needed) break;
       ++asked;
       std::int64_t& part = shard->headroom[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
-      const std::int64_t take = std::min(part, needed - device);
+      const std::int64_t take = std::min(part, std::max<std::int64_t>(needed - device, 0));
       device += take;
-      part -= take;
+      shared.give(s, p, part - take);
+      part = 0;
     }
   }
 };
@@ -72,6 +73,31 @@ TEST(StatsLedger, AnIncreaseWithoutHeadroomRaisesThePeakByExactlyWhatIsMissing) 
   EXPECT_EQ(ledger.stats().allocated_bytes[0].peak, 512) << "covered by headroom: the peak stays";
   EXPECT_EQ(ledger.device_headroom(kAllocatedBytes, 0), 256);
   EXPECT_EQ(ledger.stats().allocated_bytes[0].current + ledger.device_headroom(kAllocatedBytes, 0),
+            ledger.stats().allocated_bytes[0].peak);
+}
+
+TEST(StatsLedger, TheSharedHeadroomServesBeforeAGatherAndAGatherSharesWhatTheDeviceDoesNotNeed) {
+  Donors donors;
+  ShardStats a;
+  donors.shards = {&a};
+  StatsLedger ledger(donors);
+  ledger.fast_increase(kAllocatedBytes, SizeClass::kSmall, 1000);
+  ledger.fast_decrease(kAllocatedBytes, SizeClass::kSmall, 1000, &a);  // the headroom is the shard's
+  ledger.shared_headroom().give(kAllocatedBytes, 0, 300);
+  ledger.shared_headroom().give(kAllocatedBytes, kSmall, 300);
+  a.headroom[kAllocatedBytes][0] -= 300;  // as if a gather had shared 300 of it
+  a.headroom[kAllocatedBytes][kSmall] -= 300;
+  const int asked = donors.asked;
+  ledger.fast_increase(kAllocatedBytes, SizeClass::kSmall, 100);
+  EXPECT_EQ(donors.asked, asked) << "the shared headroom covered it";
+  EXPECT_EQ(ledger.device_headroom(kAllocatedBytes, 0), 100) << "twice what it lacked, less the increase";
+  EXPECT_EQ(ledger.shared_headroom().held(kAllocatedBytes, 0), 100);
+  ledger.fast_increase(kAllocatedBytes, SizeClass::kSmall, 500);
+  EXPECT_GT(donors.asked, asked) << "then the shard gave all it had";
+  EXPECT_EQ(a.headroom[kAllocatedBytes][0], 0);
+  EXPECT_EQ(ledger.stats().allocated_bytes[0].peak, 1000) << "no new peak: the headroom was all there";
+  EXPECT_EQ(ledger.stats().allocated_bytes[0].current + ledger.device_headroom(kAllocatedBytes, 0) +
+                ledger.shared_headroom().held(kAllocatedBytes, 0),
             ledger.stats().allocated_bytes[0].peak);
 }
 
