@@ -31,12 +31,16 @@ Block* live_block(CacheParts& parts, Shard& shard, std::uintptr_t address) {
   return block;
 }
 
-TEST(Shard, TheFastPathPutsAFreedBlockInTheHotListAndTakesItBack) {
+// A shard, the shared headroom and what the fast path is given, for the tests that call it.
+struct FastPath : ::testing::Test {
   CacheParts parts;
-  Shard shard(parts.sim.create_stream(0));
+  Shard shard{parts.sim.create_stream(0)};
   SharedHeadroom shared;
   const std::atomic<std::size_t> total{kTotal};
-  const size_policy::Rounding rounding(parts.options.roundup_power2_divisions);
+  const size_policy::Rounding rounding{parts.options.roundup_power2_divisions};
+};
+
+TEST_F(FastPath, PutsAFreedBlockInTheHotListAndTakesItBack) {
   Block* block = live_block(parts, shard, 0x200000);
   EXPECT_EQ(shard.allocate_hot(4000, rounding, parts.options, total, shared), nullptr) << "an empty hot list";
   EXPECT_FALSE(shard.free_to_hot(block->address, 4096, parts.options, &parts.pool, shared)) << "the wrong size";
@@ -61,12 +65,7 @@ TEST(Shard, TheFastPathPutsAFreedBlockInTheHotListAndTakesItBack) {
   shard.erase_live(block);
 }
 
-TEST(Shard, TheFastPathTakesTheHeadroomItLacksFromTheSharedHeadroom) {
-  CacheParts parts;
-  Shard shard(parts.sim.create_stream(0));
-  SharedHeadroom shared;
-  const std::atomic<std::size_t> total{kTotal};
-  const size_policy::Rounding rounding(parts.options.roundup_power2_divisions);
+TEST_F(FastPath, TakesTheHeadroomItLacksFromTheSharedHeadroom) {
   Block* block = live_block(parts, shard, 0x200000);
   const auto bytes = static_cast<std::size_t>(kAllocatedBytes);
   const int small = class_index(SizeClass::kSmall);
