@@ -192,7 +192,7 @@ class FenceEngine {
                          ? static_cast<std::uint64_t>(last_pending_poll_.time_since_epoch().count())
                          : cycle_clock::now() + tick_cycles();
   }
-  // A coarse tick in time-stamp-counter ticks (measured once per process, at the first publication).
+  // A coarse tick in time-stamp-counter ticks (measured once per process, at the first poll).
   static std::uint64_t tick_cycles() {
     static const std::uint64_t cycles =
         cycle_clock::from_ns(std::chrono::duration_cast<std::chrono::nanoseconds>(coarse_tick()).count());

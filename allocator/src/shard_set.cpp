@@ -68,29 +68,29 @@ Block* ShardSet::find_live(std::uintptr_t address) {
 // current is known with nothing moving, and a peak may rise.
 void ShardSet::gather_headroom(FastStat s, int p, std::int64_t needed, std::int64_t& device, SharedHeadroom& shared,
                                const ShardStats* keep) {
+  // What the device still lacks, out of `part`.
+  const auto to_device = [&](std::int64_t& part) {
+    const std::int64_t take = std::min(part, std::max<std::int64_t>(needed - device, 0));
+    device += take;
+    part -= take;
+    return take > 0;
+  };
   for (const auto& [stream, shard] : shards_) {
     lock(*shard);
-    if (&shard->stats == keep) {
-      std::int64_t& part = shard->stats.headroom[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
-      const std::int64_t take = std::min(part, std::max<std::int64_t>(needed - device, 0));
-      device += take;
-      part -= take;
-      if (take > 0) ++shard->counts.headroom_given;
-      continue;
-    }
+    auto& headroom = shard->stats.headroom;
     bool gave = false;
-    for (std::size_t i = 0; i < kFastStats; ++i) {
-      for (std::size_t q = 0; q < kSizeClasses; ++q) {
-        std::int64_t& part = shard->stats.headroom[i][q];
-        if (part == 0) continue;
-        std::int64_t to_device = 0;
-        if (i == static_cast<std::size_t>(s) && q == static_cast<std::size_t>(p)) {
-          to_device = std::min(part, std::max<std::int64_t>(needed - device, 0));
-          device += to_device;
+    if (&shard->stats == keep) {
+      gave = to_device(headroom[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)]);
+    } else {
+      for (std::size_t i = 0; i < kFastStats; ++i) {
+        for (std::size_t q = 0; q < kSizeClasses; ++q) {
+          std::int64_t& part = headroom[i][q];
+          if (part == 0) continue;
+          if (i == static_cast<std::size_t>(s) && q == static_cast<std::size_t>(p)) to_device(part);
+          if (part > 0) shared.give(static_cast<FastStat>(i), static_cast<int>(q), part);
+          part = 0;
+          gave = true;
         }
-        if (part > to_device) shared.give(static_cast<FastStat>(i), static_cast<int>(q), part - to_device);
-        part = 0;
-        gave = true;
       }
     }
     if (gave) ++shard->counts.headroom_given;

@@ -100,8 +100,8 @@ class ShardSet final : public HeadroomDonors {
   // Whether any stream the cache knows captures a graph, as the backend says (rule 6: no host wait and
   // no release of device memory meanwhile). A capture on a stream the cache has never seen goes unnoticed.
   bool any_capturing() const;
-  // Moves shards' headroom of `s` at class index `p` to the device's until it holds `needed` or every
-  // shard (each locked until the call returns) has given all.
+  // Moves every shard's headroom (each locked until the call returns) to the device, up to what it
+  // lacks of `s` at class index `p`, and the rest to `shared` (HeadroomDonors says which, with `keep`).
   void gather_headroom(FastStat s, int p, std::int64_t needed, std::int64_t& device, SharedHeadroom& shared,
                        const ShardStats* keep) override;
 

@@ -9,14 +9,14 @@ namespace streamalloc {
 
 // Spends the device's headroom; when it falls short, the shards'; what is still missing raises the
 // peak, to exactly the device's current after the increase (every shard is locked then).
-void StatsLedger::draw_headroom(FastStat s, int p, std::int64_t amount) {
+void StatsLedger::draw_headroom(FastStat s, int p, std::int64_t amount, const ShardStats* keep) {
   std::int64_t& headroom = headroom_[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
   // From the shared headroom the device takes twice what it lacks, so that the device-locked increases
   // that follow (a stream's turn of allocations) find some in the device's own.
   if (headroom < amount) headroom += shared_.take_up_to(s, p, kSharedDraw * amount - headroom);
   if (headroom < amount) {
     ++stats_.headroom_gathers;
-    donors_.gather_headroom(s, p, amount, headroom, shared_, topping_up_ != nullptr ? topping_up_ : serving_);
+    donors_.gather_headroom(s, p, amount, headroom, shared_, keep);
     // Every shard is locked once the gather falls short: no fast path moves shared headroom now, and
     // what one left there while the gather went round is counted before the peak rises.
     if (headroom < amount) headroom += shared_.take_up_to(s, p, amount - headroom);
@@ -30,12 +30,11 @@ void StatsLedger::draw_headroom(FastStat s, int p, std::int64_t amount) {
 
 // The shard's fast path found a hot block but not the headroom to take it (a new peak, or headroom
 // that frees on the device-locked path or on other streams left elsewhere). What the shard lacks comes
-// from the device's headroom, then every shard's, then a higher peak; only what it lacks, so that
-// headroom does not pile up where no allocation will use it.
+// from the device's headroom, the shared headroom, then every shard's, then a higher peak; only what
+// it lacks, so that headroom does not pile up where no allocation will use it. The cells given first
+// must still be there when the last is drawn: the gathers leave this shard's alone.
 void StatsLedger::give_headroom_for_hot_reuse(Shard& shard, const Block* block, std::size_t requested) {
   const int size_class = class_index(block->segment->size_class);
-  // The cells given first must still be there when the last is drawn: a gather leaves this shard's alone.
-  topping_up_ = &shard.stats;
   const auto give = [&](FastStat s, std::int64_t amount) {
     for (const int p : {0, size_class}) {
       std::int64_t& own = shard.stats.headroom[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
@@ -43,12 +42,11 @@ void StatsLedger::give_headroom_for_hot_reuse(Shard& shard, const Block* block, 
       // The shard's own headroom is set aside meanwhile, so that the gathering does not count it twice.
       const std::int64_t lacking = amount - own;
       own = 0;
-      draw_headroom(s, p, lacking);
+      draw_headroom(s, p, lacking, &shard.stats);
       own = amount;
     }
   };
   for_each_hot_reuse_raise(static_cast<std::int64_t>(block->size), static_cast<std::int64_t>(requested), give);
-  topping_up_ = nullptr;
 }
 
 // A device-locked allocation spends its stream's shard's headroom first (`shard`, locked), where a

@@ -183,19 +183,19 @@ class StatsLedger {
   // fast_increase's draw of `amount` of headroom in total and at class index `q` when the device's own
   // falls short of either.
   [[gnu::noinline]] void draw_headroom_for_increase(FastStat s, int q, std::int64_t amount) {
-    draw_headroom(s, 0, amount);
-    draw_headroom(s, q, amount);
+    draw_headroom(s, 0, amount, serving_);
+    draw_headroom(s, q, amount, serving_);
   }
   // Takes `amount` of the device's headroom of `s` at class index `p`: taken from the shared headroom,
   // then gathered from the shards, where it falls short, and what they lack too raises the peak.
-  void draw_headroom(FastStat s, int p, std::int64_t amount);
+  // `keep`: the shard whose other headroom the caller may be about to spend (the gather leaves it).
+  void draw_headroom(FastStat s, int p, std::int64_t amount, const ShardStats* keep);
   static constexpr std::int64_t kSharedDraw = 2;
   template <typename F>
   void for_each_stat(F&& visit);
 
   HeadroomDonors& donors_;
-  ShardStats* serving_ = nullptr;     // Serving
-  ShardStats* topping_up_ = nullptr;  // give_headroom_for_hot_reuse's shard, while it gives
+  ShardStats* serving_ = nullptr;  // Serving
   DeviceStats stats_;
   Headroom headroom_{};  // the device's, per stat and class index
   SharedHeadroom shared_;

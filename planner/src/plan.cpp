@@ -105,9 +105,9 @@ RunResult run_torch(const EventList& list, const TorchConfig& config, std::size_
 // `c` line every stream runs exactly as far as it had got when the block was freed (the fences
 // streamalloc recorded up to that free complete; later ones wait for a later `c`), so the GPU is as
 // far behind the host as it was in the job. Every stream, not only the block's: one GPU ran them all,
-// and a stream whose blocks are never used elsewhere has no completion points of its own. Without them the
-// device is eager (always idle) and pending blocks settle at the next allocation, as the PyTorch
-// model does.
+// and a stream whose blocks are never used elsewhere has no completion points of its own. Without
+// them the device is eager (always idle) and pending blocks settle at the next allocation, as the
+// PyTorch model does.
 //
 // With `t` lines the allocator runs on the job's clock (SimBackend's replay clock, set before each
 // event): its fence passes and polls fall where they fell in the job, and it finds the completed

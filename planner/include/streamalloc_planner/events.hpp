@@ -13,8 +13,9 @@
 // (the position where PyTorch logged free_completed); without it, it completes at the next
 // allocation (PyTorch processes completed events at every malloc). Other '#' lines and blank lines
 // are ignored. Ids may be reused once freed. `d` lines are not events: they are kept apart, for the
-// model of PyTorch's allocator, which places its segments where the recorded device did. With `t` lines (a snapshot's
-// time_us) the replay gives streamalloc the job's time, so that its fence passes and polls fall where the job's did.
+// model of PyTorch's allocator, which places its segments where the recorded device did. With `t`
+// lines (a snapshot's time_us) the replay gives streamalloc the job's time, so that its fence passes
+// and polls fall where the job's did.
 #pragma once
 
 #include <cstddef>
