@@ -53,7 +53,13 @@ def sequence_match(recorded, modelled):
     return 100.0 * same / max(len(recorded), len(modelled))
 
 
-def compare_snapshot(record, by_key, data_dir):
+def nearest(planned, runs):
+    """The error of `planned` against the real run closest to it (runs: peaks of runs of one workload
+    under one setting, which differ from run to run where fences complete at different times)."""
+    return min((pct(planned, run) for run in runs), key=abs) if runs else None
+
+
+def compare_snapshot(record, by_key, runs_of, data_dir):
     workload = record["workload"]
     snapshot = plan.load_snapshot(os.path.join(data_dir, record["snapshot"]))
     torch_conf = "expandable_segments:True" if workload.endswith("_expandable") else ""
@@ -86,6 +92,9 @@ def compare_snapshot(record, by_key, data_dir):
         if real and "max_memory_reserved" in real:
             row[f"{allocator}_real_peak_reserved"] = real["max_memory_reserved"]
             row[f"{allocator}_plan_error_pct"] = pct(setting["peak_reserved"], real["max_memory_reserved"])
+        runs = runs_of.get((base, allocator), [])
+        row[f"{allocator}_real_runs"] = runs
+        row[f"{allocator}_plan_nearest_error_pct"] = nearest(setting["peak_reserved"], runs)
     # A streamalloc run that recorded its own snapshot: the plan of that snapshot runs on that run's timing
     # (its completion points are where streamalloc saw its fences complete), so it is compared with the
     # peak of the same run.
@@ -100,6 +109,7 @@ def compare_snapshot(record, by_key, data_dir):
         row[f"{allocator}_own_plan_peak_reserved"] = planned
         row[f"{allocator}_own_real_peak_reserved"] = own["max_memory_reserved"]
         row[f"{allocator}_own_plan_error_pct"] = pct(planned, own["max_memory_reserved"])
+        row[f"{allocator}_own_plan_nearest_error_pct"] = nearest(planned, runs_of.get((base, allocator), []))
     return row
 
 
@@ -138,9 +148,16 @@ def main():
         with open(recorded_path) as f:
             records = json.load(f)
         by_key = {(r["workload"], r["allocator"]): r for r in records if "error" not in r}
+        # Every real run's peak by (workload, setting): the plain runs (record_snapshots --repeat) and
+        # the runs that recorded their own snapshot.
+        runs_of = {}
+        for r in records:
+            if "error" not in r and "max_memory_reserved" in r and r["allocator"].startswith("streamalloc"):
+                key = (r["workload"], r["allocator"].removesuffix("_recorded"))
+                runs_of.setdefault(key, []).append(r["max_memory_reserved"])
         for record in records:
             if record.get("allocator") == "pytorch" and "snapshot" in record:
-                rows.append(compare_snapshot(record, by_key, args.data))
+                rows.append(compare_snapshot(record, by_key, runs_of, args.data))
     else:
         print(f"compare: no {recorded_path}: only the bench traces are compared", file=sys.stderr)
     snapshot_of = {r["bench_trace"]: r["workload"] for r in rows if r["bench_trace"]}
@@ -165,17 +182,23 @@ def main():
     own_rows = [r for r in rows if any(f"{k}_own_snapshot" in r for k in ("streamalloc", "streamalloc_expandable"))]
     if own_rows:
         print()
-        print("streamalloc runs that recorded their own snapshot: the plan of that snapshot against the same run")
-        print(f"{'workload':<17} {'sa plan/real GiB':>17} {'err %':>7} {'sa exp plan/real GiB':>21} {'err %':>7}")
+        print("streamalloc runs that recorded their own snapshot: the plan of that snapshot against the same run,")
+        print("and against the nearest of every real run of the workload under the setting (runs: their range)")
+        print(f"{'workload':<17} {'sa plan/real GiB':>17} {'err %':>7} {'runs GiB':>17} {'nearest %':>9}"
+              f" {'sa exp plan/real GiB':>21} {'err %':>7} {'runs GiB':>17} {'nearest %':>9}")
         for r in own_rows:
             def own(key):
                 if f"{key}_own_snapshot" not in r:
-                    return "-", "-"
+                    return "-", "-", "-", "-"
                 planned, real = r[f"{key}_own_plan_peak_reserved"], r[f"{key}_own_real_peak_reserved"]
-                return f"{planned / GiB:.3f}/{real / GiB:.3f}", f"{r[f'{key}_own_plan_error_pct']:+.2f}"
-            sa, sa_err = own("streamalloc")
-            sx, sx_err = own("streamalloc_expandable")
-            print(f"{r['workload']:<17} {sa:>17} {sa_err:>7} {sx:>21} {sx_err:>7}")
+                runs = r.get(f"{key}_real_runs") or [real]
+                spread = f"{min(runs) / GiB:.3f}-{max(runs) / GiB:.3f} ({len(runs)})"
+                return (f"{planned / GiB:.3f}/{real / GiB:.3f}", f"{r[f'{key}_own_plan_error_pct']:+.2f}", spread,
+                        f"{r[f'{key}_own_plan_nearest_error_pct']:+.2f}")
+            sa = own("streamalloc")
+            sx = own("streamalloc_expandable")
+            print(f"{r['workload']:<17} {sa[0]:>17} {sa[1]:>7} {sa[2]:>17} {sa[3]:>9}"
+                  f" {sx[0]:>21} {sx[1]:>7} {sx[2]:>17} {sx[3]:>9}")
     print()
     print("bench traces (no segment events, no completion points; peak reserved from their header;"
           " validated through the snapshot named)")

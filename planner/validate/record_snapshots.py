@@ -3,6 +3,7 @@
 streamalloc, for planner/validate/compare.py.
 
     python3 planner/validate/record_snapshots.py --out-dir DIR [--only gpt2,pipeline,gpt2_expandable,multistream]
+        [--streamalloc-snapshots] [--repeat N]
     python3 planner/validate/record_snapshots.py --dry-run     # the workloads on the CPU, tiny, no recording
 
 Workloads, each run in a fresh process per allocator so that every allocator starts empty:
@@ -20,7 +21,8 @@ torch.cuda.max_memory_reserved()), "streamalloc" and "streamalloc_expandable" (s
 peaks from streamalloc.stats()), and with --streamalloc-snapshots also "streamalloc_recorded" and
 "streamalloc_expandable_recorded": streamalloc runs that record their own snapshot
 (DIR/<workload>.<allocator>.pickle.xz) with their peaks, so that a plan of streamalloc can be compared with
-a streamalloc run on that run's own timing. gpt2_expandable is run under PyTorch's allocator only: its
+a streamalloc run on that run's own timing. --repeat N runs the plain streamalloc settings N times (each record
+then has "run": k), since their peaks vary from run to run. gpt2_expandable is run under PyTorch's allocator only: its
 streamalloc counterparts are gpt2's. Writes DIR/<workload>.pickle.xz (the snapshot, xz) and DIR/recorded.json, which
 keeps the records of DIR/recorded.json of the workloads not recorded in this run.
 """
@@ -191,6 +193,9 @@ def main():
     parser.add_argument("--dry-run", action="store_true", help="run the workloads on the CPU, tiny, nothing recorded")
     parser.add_argument("--streamalloc-snapshots", action="store_true",
                         help="also run streamalloc recording its own snapshot (the *_recorded allocators)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs of the plain streamalloc settings per workload (peaks only), so that a plan can "
+                             "be compared with the spread of real runs (default 1)")
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "ALLOCATOR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -205,7 +210,11 @@ def main():
                                                                           "streamalloc_expandable"]
         if args.streamalloc_snapshots and workload != "gpt2_expandable":
             allocators += ["streamalloc_recorded", "streamalloc_expandable_recorded"]
-        for allocator in allocators:
+        # Later rounds repeat the plain streamalloc runs: their peaks vary from run to run with when fences
+        # complete, and compare.py reports a plan against the nearest of them.
+        order = [(allocator, k) for k in range(max(args.repeat, 1)) for allocator in allocators
+                 if k == 0 or allocator in ("streamalloc", "streamalloc_expandable")]
+        for allocator, k in order:
             cmd = [sys.executable, os.path.abspath(__file__), "--out-dir", args.out_dir, "--child", workload, allocator]
             if args.dry_run:
                 cmd.append("--dry-run")
@@ -215,6 +224,8 @@ def main():
                 records.append({"workload": workload, "allocator": allocator, "error": proc.stderr[-500:]})
                 continue
             record = json.loads(proc.stdout.strip().splitlines()[-1])
+            if args.repeat > 1 and allocator in ("streamalloc", "streamalloc_expandable"):
+                record["run"] = k
             print(json.dumps(record), flush=True)
             records.append(record)
     if not args.dry_run:
