@@ -5,6 +5,7 @@ One process per allocator and round (PyTorch picks its CUDA allocator once per p
 runs every model and thread count. The table shows the median requests/s of all repetitions of all
 rounds, with the ratio to PyTorch's native allocator (above 1: more requests per second than native),
 and the median p99 latency. Without a GPU the server says so and this script reports "skipped".
+`streamalloc[K:V;K:V]` in --allocators is streamalloc with those options, a column of its own.
 
   python3 bench/studies/inference_server.py [--build build] [--allocators native,streamalloc,standin,rmm]
       [--threads 1,2,4,8,16] [--models mlp,conv] [--rounds 1] [--reps 3] [--duration 2] [--warmup 0.5]
@@ -27,7 +28,8 @@ NO_GPU = "no CUDA GPU here"
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--build", default=os.path.join(ROOT, "build"), help="build directory (default: build)")
-    p.add_argument("--allocators", help="comma-separated; default: every allocator the binary has")
+    p.add_argument("--allocators", help="comma-separated; default: every allocator the binary has; "
+                                         "streamalloc[K:V;K:V] is streamalloc with those options")
     p.add_argument("--threads", default="1,2,4,8,16")
     p.add_argument("--models", default="mlp,conv")
     p.add_argument("--rounds", type=int, default=1, help="processes per allocator, interleaved (default 1)")
@@ -62,12 +64,22 @@ def commit():
     return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
+def split_variant(allocator, conf=""):
+    """`streamalloc[K:V;K:V]` names streamalloc run with those options (after --conf's), so that settings can
+    be compared in one interleaved run: returns (the binary's allocator, its options)."""
+    if allocator.startswith("streamalloc[") and allocator.endswith("]"):
+        extra = allocator[len("streamalloc["):-1].replace(";", ",")
+        return "streamalloc", ",".join(c for c in (conf, extra) if c)
+    return allocator, conf if allocator == "streamalloc" else ""
+
+
 def run_once(binary, allocator, args):
     """One process: its JSON lines, or raises RuntimeError; returns None when there is no GPU."""
-    cmd = [binary, f"--allocator={allocator}", f"--threads={args.threads}", f"--models={args.models}",
+    base, conf = split_variant(allocator, args.conf)
+    cmd = [binary, f"--allocator={base}", f"--threads={args.threads}", f"--models={args.models}",
            f"--reps={args.reps}", f"--duration={args.duration}", f"--warmup={args.warmup}"]
-    if allocator == "streamalloc" and args.conf:
-        cmd.append(f"--conf={args.conf}")
+    if conf:
+        cmd.append(f"--conf={conf}")
     print("$ " + " ".join(cmd), flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     sys.stdout.write(proc.stdout)
@@ -76,7 +88,10 @@ def run_once(binary, allocator, args):
         return None
     if proc.returncode != 0:
         raise RuntimeError(f"{allocator}: exit status {proc.returncode}: {proc.stderr.strip()[-400:]}")
-    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    for line in lines:
+        line["allocator"] = allocator
+    return lines
 
 
 def summarize(lines):
@@ -161,7 +176,7 @@ def main(argv):
     binary = binary_path(args.build)
     available = subprocess.run([binary, "--list-allocators"], capture_output=True, text=True, check=True).stdout.split()
     allocators = args.allocators.split(",") if args.allocators else available
-    missing = [a for a in allocators if a not in available]
+    missing = [a for a in allocators if split_variant(a)[0] not in available]
     if missing:
         sys.exit(f"inference_server.py: this build has no {', '.join(missing)} allocator"
                  f" (it has {', '.join(available)})")
