@@ -27,8 +27,8 @@ def test_the_table_of_a_saved_run_has_a_column_per_variant(tmp_path):
     # A line of a stored H200 run, as the server writes it, under three allocator names.
     stored = REPO / "bench/results/2026-12-04-h200-b2072f0/threads/server.json"
     template = json.loads(stored.read_text().splitlines()[0])
-    lines = [dict(template, allocator=name, requests_per_s=rps, requests_per_s_reps=[rps])
-             for name, rps in (("native", 1000), ("streamalloc", 1100), ("streamalloc[cross_stream_reuse:never]", 1300))]
+    runs = (("native", 1000), ("streamalloc", 1100), ("streamalloc[cross_stream_reuse:never]", 1300))
+    lines = [dict(template, allocator=name, requests_per_s=rps, requests_per_s_reps=[rps]) for name, rps in runs]
     saved = tmp_path / "run.json"
     saved.write_text("".join(json.dumps(line) + "\n" for line in lines))
     table = tmp_path / "run.md"
