@@ -103,8 +103,9 @@ demo:
 	@$(RUN_ENV) $(PYTHON) -m streamalloc.report $(BUILD)/demo_pending_history.json --timeline $(BUILD)/demo_timeline.png
 
 # The GPU targets build with the CUDA backend required (configure fails without the toolkit). Without
-# network access they build with what is installed. gpu-test runs the CPU-only tests in parallel, then
-# the rest (GPU, bench, install) one at a time, as they share the device.
+# network access they build with what is installed. gpu-test runs the CPU-only tests (the simulated
+# device) in the background, in parallel, while the rest (GPU, bench, install, then pytest) runs one at a
+# time, as they share the device; every step runs even when an earlier one fails, and any failure fails it.
 # GPU_TEST_STEPS runs part of it (cpu: the CPU ctest, gpu: the GPU ctest, python: pytest) and
 # GPU_TEST_PYTEST the pytest paths, so that the suite can be split over several shorter runs.
 GPU_DEPS = .ci/setup-deps $(1) || echo "$@: could not install missing packages (offline?); building with what is here"
@@ -114,11 +115,17 @@ gpu-test:
 	@$(call GPU_DEPS,--torch)
 	$(call build,$(BUILD),gpu,$(TORCH_ARGS))
 	@nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-	$(if $(filter cpu,$(GPU_TEST_STEPS)),ctest --test-dir $(BUILD) --output-on-failure -L cpu -j $(JOBS) --timeout 900)
-	$(if $(filter gpu,$(GPU_TEST_STEPS)),ctest --test-dir $(BUILD) --output-on-failure -LE cpu -j 1 --timeout 900)
-	$(if $(filter python,$(GPU_TEST_STEPS)),$(RUN_ENV) $(PYTHON) -m pytest -q -rs $(GPU_TEST_PYTEST))
-	@echo "gpu-test: GPU tests run (not skipped):"; \
-	  ctest --test-dir $(BUILD) -L gpu -N | tail -1
+	@status=0; \
+	$(if $(filter cpu,$(GPU_TEST_STEPS)),echo "gpu-test: the CPU ctest runs meanwhile into $(BUILD)/gpu-test-cpu.log"; \
+	  (ctest --test-dir $(BUILD) --output-on-failure -L cpu -j $(JOBS) --timeout 900 > $(BUILD)/gpu-test-cpu.log 2>&1; \
+	   echo $$? > $(BUILD)/gpu-test-cpu.status) & cpu=$$!;) \
+	$(if $(filter gpu,$(GPU_TEST_STEPS)),ctest --test-dir $(BUILD) --output-on-failure -LE cpu -j 1 --timeout 900 || status=1;) \
+	$(if $(filter python,$(GPU_TEST_STEPS)),$(RUN_ENV) $(PYTHON) -m pytest -q -rs $(GPU_TEST_PYTEST) || status=1;) \
+	$(if $(filter cpu,$(GPU_TEST_STEPS)),wait $$cpu; echo "gpu-test: the CPU ctest:"; tail -n 30 $(BUILD)/gpu-test-cpu.log; \
+	  [ "$$(cat $(BUILD)/gpu-test-cpu.status)" = 0 ] || status=1;) \
+	echo "gpu-test: GPU tests run (not skipped):"; ctest --test-dir $(BUILD) -L gpu -N | tail -1; \
+	[ $$status = 0 ] || echo "gpu-test: FAILED (see above$(if $(filter cpu,$(GPU_TEST_STEPS)), and $(BUILD)/gpu-test-cpu.log))"; \
+	exit $$status
 
 # Memory-access errors fail the run. CUDA API errors are not reported: the error-path tests provoke
 # them on purpose (OOM, bad handles, capture checks) and check that streamalloc turns them into errors.
