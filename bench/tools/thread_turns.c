@@ -8,7 +8,8 @@
  *   thread_turns T TURNS [LIVE]     (STREAMALLOC_CONF: streamalloc's options, default backend:sim)
  *
  * Prints the allocations, the share served by their shard alone, device-lock acquisitions and headroom
- * gathers per allocation, and the peak reserved bytes. bench/tools/thread_turns_ab.sh compares two builds. */
+ * gathers per allocation, the share of frees that took the device lock, fences recorded per allocation,
+ * and the peak reserved bytes. bench/tools/thread_turns_ab.sh compares two builds. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -122,10 +123,12 @@ int main(int argc, char** argv) {
   }
   const char* json = streamalloc_stats_json(0);
   const double allocs = (double)stat(json, "allocation.all.allocated");
+  const double frees = (double)stat(json, "frees_cached") + (double)stat(json, "frees_device_locked");
   printf(
       "threads %d allocations %.0f cached_share %.3f device_locks_per_alloc %.3f gathers_per_alloc %.3f "
-      "peak_reserved_mib %.1f\n",
+      "locked_free_share %.3f fences_per_alloc %.3f peak_reserved_mib %.1f\n",
       threads, allocs, stat(json, "allocations_cached") / allocs, stat(json, "device_lock_acquisitions") / allocs,
-      stat(json, "headroom_gathers") / allocs, stat(json, "reserved_bytes.all.peak") / 1048576.0);
+      stat(json, "headroom_gathers") / allocs, frees > 0 ? stat(json, "frees_device_locked") / frees : 0.0,
+      stat(json, "fences_recorded") / allocs, stat(json, "reserved_bytes.all.peak") / 1048576.0);
   return 0;
 }
