@@ -65,13 +65,25 @@ def key_shape(value):
     return type(value).__name__
 
 
+def streamalloc_counts() -> dict | None:
+    """Under streamalloc, its own counters of the paths and fences (None under PyTorch's allocator): where a
+    state differs from PyTorch's, they say which step (a poll, a fence, the fast path) did not run."""
+    try:
+        import streamalloc
+    except ImportError:
+        return None
+    if not streamalloc.is_enabled() or not torch.cuda.is_initialized():
+        return None
+    return streamalloc.stats()["stream_stats"]
+
+
 def walk_states() -> dict:
     """memory_stats() and its getters in each state of a fixed allocation pattern."""
     states = {}
 
     def record(name: str) -> None:
         stats = torch.cuda.memory_stats()
-        states[name] = {"stats": dict(stats), "getters": getters()}
+        states[name] = {"stats": dict(stats), "getters": getters(), "streamalloc": streamalloc_counts()}
 
     record("fresh")  # before CUDA is initialised
     torch.cuda.init()
