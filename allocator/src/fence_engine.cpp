@@ -137,16 +137,6 @@ bool FenceEngine::defers_own_batch(const Shard& shard, const Shard* missed, Cloc
          at - shard.fences.last_recorded_at() < kOwnBatchInterval;
 }
 
-// A miss closes another stream's open batch only when a fence of it could serve the miss: when the batch
-// holds pending blocks, or free blocks in the free lists that it would settle. Blocks in their owner's hot
-// list wait for the owner (its next miss, or a flush into the free lists), and the event would be recorded,
-// under the device lock, on a stream that another thread is likely launching work on.
-bool FenceEngine::leaves_batch_to_owner(const Shard& shard, const Shard* missed) const {
-  if (missed == nullptr || &shard == missed || !shard.fences.open_pending().empty()) return false;
-  const Block* newest = shard.settle_list.tail();
-  return newest == nullptr || newest->settle_seq <= shard.fences.closed_seq();
-}
-
 void FenceEngine::poll(bool close_batches, const Shard* missed) {
   const RelaxedCaptureScope relaxed(backend_);
   // Uses from a capture that has ended leave their batches first (an idle batch completes without
@@ -187,8 +177,7 @@ void FenceEngine::poll(bool close_batches, const Shard* missed) {
     if (idle && fences.complete_open_batch(&fence, at)) {
       parts_.ledger.count(&DeviceStats::fences_skipped_idle);
       finish_fence(*shard, fence);
-    } else if (close_batches && fences.has_open_batch() && !defers_own_batch(*shard, missed, at) &&
-               !leaves_batch_to_owner(*shard, missed) && !captures()) {
+    } else if (close_batches && fences.has_open_batch() && !defers_own_batch(*shard, missed, at) && !captures()) {
       close_batch(*shard);
     }
     if (!oldest_incomplete) {

@@ -215,7 +215,6 @@ class FenceEngine {
   void fence_after_free(const Block* block);
   void finish_fence(Shard& shard, Fence& fence);
   bool defers_own_batch(const Shard& shard, const Shard* missed, Clock::time_point now) const;
-  bool leaves_batch_to_owner(const Shard& shard, const Shard* missed) const;
   // For the aids: the pending stats of `count` streams changed at `when`. Out of line and cold.
   [[gnu::noinline, gnu::cold]] void note_pending_changed(Clock::time_point when, const Stream* streams,
                                                          std::size_t count);

@@ -37,7 +37,6 @@ class SettleList {
   void insert(Block* block);
   void remove(Block* block);
   Block* head() const { return head_; }
-  Block* tail() const { return tail_; }
 
  private:
   Block* head_ = nullptr;

@@ -96,9 +96,7 @@ struct OwnMisses {
   SimSetup& s;
   Stream stream;
   std::vector<void*> kept;
-  void free_own_block(std::size_t size = 4 * KiB) {
-    s.a().deallocate(s.a().allocate(size, 0, stream), size, 0, stream);
-  }
+  void free_own_block() { s.a().deallocate(s.a().allocate(4 * KiB, 0, stream), 4 * KiB, 0, stream); }
   void miss() { kept.push_back(s.a().allocate(12 * MiB, 0, stream)); }
   void finish() {
     for (void* p : kept) s.a().deallocate(p, 12 * MiB, 0, stream);
@@ -132,50 +130,22 @@ TEST(FenceBatching, AMissFencesItsOwnBatchOnceTheIntervalHasPassed) {
 }
 
 // Another stream's miss fences the batch a stream's own misses left open: its blocks settle for others.
-// The freed blocks are large, so each of the stream's own (large) misses moves them from its hot list to
-// the free lists (where a fence of the batch makes them serve other streams); the misses are larger
-// than their segment, so the blocks stay there.
 TEST(FenceBatching, AnotherStreamsMissFencesTheDeferredBatch) {
-  SimSetup s("");
-  const Stream own = s.sim->create_stream();
-  const Stream other = s.sim->create_stream();
-  std::vector<void*> kept;
-  auto free_and_miss = [&] {
-    s.a().deallocate(s.a().allocate(2 * MiB, 0, own), 2 * MiB, 0, own);
-    kept.push_back(s.a().allocate(30 * MiB, 0, own));
-  };
-  const auto first = Since::now();
-  free_and_miss();  // fenced: the first
-  free_and_miss();  // its batch stays open
-  if (Since::now() - first >= std::chrono::milliseconds(1)) {
-    GTEST_SKIP() << "two misses took longer than the 1 ms interval on this machine";
-  }
-  ASSERT_EQ(s.sim->queued_items(0, own), 1u) << "the stream's second miss left its batch open";
-  void* p = s.a().allocate(30 * MiB, 0, other);  // misses: the stream's free blocks are not settled
-  EXPECT_EQ(s.sim->queued_items(0, own), 2u) << "the other stream's miss fenced the open batch";
-  s.a().deallocate(p, 30 * MiB, 0, other);
-  for (void* q : kept) s.a().deallocate(q, 30 * MiB, 0, own);
-  s.sim->synchronize_stream(0, own);
-  s.a().process_fences();
-  s.a().validate();
-}
-
-// A batch whose blocks are all in their stream's hot list is left to that stream: a fence of it could
-// not serve another stream's miss (the blocks stay in the hot list), and the miss would record it on a
-// stream that another thread may be launching work on.
-TEST(FenceBatching, AnotherStreamsMissLeavesABatchOfHotBlocksToItsStream) {
   SimSetup s("");
   OwnMisses own{s, s.sim->create_stream(), {}};
   const Stream other = s.sim->create_stream();
-  own.free_own_block();  // small: stays in the stream's hot list through its large misses
-  own.miss();            // fenced: the stream had no fence yet
-  own.free_own_block(8 * KiB);
-  ASSERT_EQ(s.sim->queued_items(0, own.stream), 1u);
-  void* p = s.a().allocate(12 * MiB, 0, other);  // misses
-  EXPECT_EQ(s.sim->queued_items(0, own.stream), 1u) << "the other stream's miss fenced a batch of hot blocks";
+  const auto first = Since::now();
+  own.free_own_block();
+  own.miss();  // fenced: the first
+  own.free_own_block();
+  own.miss();  // its batch stays open
+  if (Since::now() - first >= std::chrono::milliseconds(1)) {
+    GTEST_SKIP() << "two misses took longer than the 1 ms interval on this machine";
+  }
+  ASSERT_EQ(s.sim->queued_items(0, own.stream), 1u) << "the stream's second miss left its batch open";
+  void* p = s.a().allocate(12 * MiB, 0, other);  // misses: the stream's free blocks are not settled
+  EXPECT_EQ(s.sim->queued_items(0, own.stream), 2u) << "the other stream's miss fenced the open batch";
   s.a().deallocate(p, 12 * MiB, 0, other);
-  s.a().process_fences();  // not a miss: fences every open batch
-  EXPECT_EQ(s.sim->queued_items(0, own.stream), 2u) << "process_fences() left the batch open";
   own.finish();
 }
 
