@@ -7,8 +7,9 @@
 
 namespace streamalloc {
 
-// Spends the device's headroom; when it falls short, the shards'; what is still missing raises the
-// peak, to exactly the device's current after the increase (every shard is locked then).
+// Spends the device's headroom; when it falls short, the shared headroom's, then the shards' (a
+// gather); what is still missing raises the peak, to exactly the device's current after the increase
+// (every shard is locked then).
 void StatsLedger::draw_headroom(FastStat s, int p, std::int64_t amount, const ShardStats* keep) {
   std::int64_t& headroom = headroom_[static_cast<std::size_t>(s)][static_cast<std::size_t>(p)];
   // From the shared headroom the device takes twice what it lacks, so that the device-locked increases

@@ -45,6 +45,8 @@ BENCH_WORKLOADS = {"multistream": ("multistream", "multistream.trace"),
 WORKLOADS = ("gpt2", "pipeline", "gpt2_expandable", *BENCH_WORKLOADS)
 DEFAULT_WORKLOADS = ("gpt2", "pipeline", "gpt2_expandable", "multistream")
 HISTORY_ENTRIES = 400_000
+# The settings --repeat runs again: their records carry "run", and compare.py reads their peaks as a spread.
+REPEATED = ("streamalloc", "streamalloc_expandable")
 
 
 def bench_workload(workload):
@@ -213,7 +215,7 @@ def main():
         # Later rounds repeat the plain streamalloc runs: their peaks vary from run to run with when fences
         # complete, and compare.py reports a plan against the nearest of them.
         order = [(allocator, k) for k in range(max(args.repeat, 1)) for allocator in allocators
-                 if k == 0 or allocator in ("streamalloc", "streamalloc_expandable")]
+                 if k == 0 or allocator in REPEATED]
         for allocator, k in order:
             cmd = [sys.executable, os.path.abspath(__file__), "--out-dir", args.out_dir, "--child", workload, allocator]
             if args.dry_run:
@@ -224,7 +226,7 @@ def main():
                 records.append({"workload": workload, "allocator": allocator, "error": proc.stderr[-500:]})
                 continue
             record = json.loads(proc.stdout.strip().splitlines()[-1])
-            if args.repeat > 1 and allocator in ("streamalloc", "streamalloc_expandable"):
+            if args.repeat > 1 and allocator in REPEATED:
                 record["run"] = k
             print(json.dumps(record), flush=True)
             records.append(record)
